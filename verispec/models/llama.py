@@ -1,0 +1,222 @@
+"""A compact native decoder for the Llama family (Llama, Qwen2/2.5, Mistral, SmolLM).
+
+In the spirit of gpt-fast's model.py: plain modules, a preallocated KV cache (verispec.cache), fused
+q/k/v and gate/up projections, logits only for the positions a caller needs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from verispec.cache import KVCache
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 32768
+    attention_bias: bool = False  # Qwen2 has q/k/v biases
+    tie_word_embeddings: bool = False
+    eos_token_id: int | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "LlamaConfig":
+        model_type = cfg.get("model_type")
+        if model_type not in ("llama", "qwen2", "mistral"):
+            raise ValueError(f"native model supports llama/qwen2/mistral, not {model_type!r}")
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in cfg.items() if k in known}
+        eos = cfg.get("eos_token_id")
+        kwargs["eos_token_id"] = eos[0] if isinstance(eos, list) else eos
+        kwargs["attention_bias"] = model_type == "qwen2" or bool(cfg.get("attention_bias", False))
+        if cfg.get("rope_scaling"):
+            raise ValueError("rope_scaling is not supported by the native model yet")
+        if "rope_theta" not in cfg and isinstance(cfg.get("rope_parameters"), dict):
+            kwargs["rope_theta"] = cfg["rope_parameters"].get("rope_theta", 10000.0)
+        return cls(**kwargs)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalise in float32 as the reference implementation does, then return to the model dtype.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_tables(head_dim: int, max_len: int, theta: float) -> tuple[Tensor, Tensor]:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    freqs = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().float(), emb.sin().float()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [B, H, T, D]; cos/sin [T, D] (rotate-half convention, as HF Llama/Qwen2)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        qkv_out = (self.n_heads + 2 * self.n_kv) * self.hd
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.wqkv = nn.Linear(cfg.hidden_size, qkv_out, bias=cfg.attention_bias)
+        self.wo = nn.Linear(self.n_heads * self.hd, cfg.hidden_size, bias=False)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.w13 = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)  # gate and up, fused
+        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor, layer: int, cache: KVCache, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
+        batch, t, _ = x.shape
+        qkv = self.wqkv(self.attn_norm(x))
+        q, k, v = qkv.split([self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
+        q = apply_rope(q.view(batch, t, self.n_heads, self.hd).transpose(1, 2), cos, sin)  # [B, H, T, D]
+        k = apply_rope(k.view(batch, t, self.n_kv, self.hd).transpose(1, 2), cos, sin)
+        v = v.view(batch, t, self.n_kv, self.hd).transpose(1, 2)
+        k_all, v_all = cache.write(layer, k, v)  # [B, KV, length + T, D]
+        attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        x = x + self.wo(attn.transpose(1, 2).reshape(batch, t, -1))
+        gate, up = self.w13(self.ffn_norm(x)).chunk(2, dim=-1)
+        return x + self.w2(F.silu(gate) * up)
+
+
+class LlamaModel(nn.Module):
+    """Implements verispec.models.base.CausalLM."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.vocab_size = cfg.vocab_size
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def new_cache(self, max_len: int, batch: int = 1) -> KVCache:
+        max_len = min(max_len, self.cfg.max_position_embeddings)
+        return KVCache(
+            self.cfg.num_hidden_layers, self.cfg.num_key_value_heads, self.cfg.head_dim, max_len,
+            batch=batch, dtype=self.dtype, device=self.device,
+        )
+
+    @torch.inference_mode()
+    def forward(self, tokens: Tensor, cache: KVCache, *, last_n: int | None = None) -> Tensor:
+        t = tokens.shape[1]
+        start = cache.length
+        cos = self.cos[start : start + t].to(self.dtype)
+        sin = self.sin[start : start + t].to(self.dtype)
+        # Query i (absolute position start + i) sees keys 0 .. start + i. A single token sees everything.
+        mask = None
+        if t > 1:
+            mask = torch.ones(t, start + t, dtype=torch.bool, device=tokens.device).tril(start)
+        x = self.embed(tokens)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, i, cache, cos, sin, mask)
+        if last_n is not None:
+            x = x[:, -last_n:]
+        return self.lm_head(self.norm(x))
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def random(cls, cfg: LlamaConfig, *, seed: int = 0, std: float = 0.02, dtype: torch.dtype = torch.float32) -> "LlamaModel":
+        """A randomly initialised model, for tests; a larger std gives peakier next-token distributions."""
+        gen = torch.Generator().manual_seed(seed)
+        model = cls(cfg)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=gen))
+                else:
+                    param.copy_(std * torch.randn(param.shape, generator=gen))
+        return model.to(dtype).eval()
+
+    @classmethod
+    def from_hf_dir(cls, path: str | Path, *, dtype: torch.dtype = torch.bfloat16, device: str = "cpu") -> "LlamaModel":
+        """Load config.json + *.safetensors (HF parameter names) from a Hugging Face style directory."""
+        from safetensors import safe_open
+
+        path = Path(path)
+        cfg = LlamaConfig.from_hf(json.loads((path / "config.json").read_text()))
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no .safetensors files in {path}")
+        with torch.device("meta"):
+            model = cls(cfg)
+        hf: dict[str, Tensor] = {}
+        for file in files:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for key in f.keys():
+                    hf[key] = f.get_tensor(key)
+        state = _hf_to_native(hf, cfg)
+        del hf
+        state = {k: v.to(dtype) for k, v in state.items()}
+        model.load_state_dict(state, strict=False, assign=True)
+        if cfg.tie_word_embeddings:
+            model.lm_head.weight = model.embed.weight
+        missing = [n for n, p in model.named_parameters() if p.is_meta]
+        if missing:
+            raise ValueError(f"checkpoint in {path} lacks {missing[:3]}...")
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        model.cos, model.sin = cos, sin
+        return model.to(device).eval()
+
+
+def _hf_to_native(hf: dict[str, Tensor], cfg: LlamaConfig) -> dict[str, Tensor]:
+    """Map HF Llama/Qwen2 parameter names onto the fused native layout."""
+    out = {"embed.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"]}
+    if "lm_head.weight" in hf:
+        out["lm_head.weight"] = hf["lm_head.weight"]
+    elif not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = hf["model.embed_tokens.weight"]
+    for i in range(cfg.num_hidden_layers):
+        pre = f"model.layers.{i}."
+        att, mlp = pre + "self_attn.", pre + "mlp."
+        out[f"layers.{i}.wqkv.weight"] = torch.cat([hf[att + f"{n}_proj.weight"] for n in "qkv"])
+        if cfg.attention_bias:
+            out[f"layers.{i}.wqkv.bias"] = torch.cat([hf[att + f"{n}_proj.bias"] for n in "qkv"])
+        out[f"layers.{i}.wo.weight"] = hf[att + "o_proj.weight"]
+        out[f"layers.{i}.w13.weight"] = torch.cat([hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]])
+        out[f"layers.{i}.w2.weight"] = hf[mlp + "down_proj.weight"]
+        out[f"layers.{i}.attn_norm.weight"] = hf[pre + "input_layernorm.weight"]
+        out[f"layers.{i}.ffn_norm.weight"] = hf[pre + "post_attention_layernorm.weight"]
+    return out

@@ -1,0 +1,82 @@
+"""Drafting with a separate, smaller model that shares the target's vocabulary."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from verispec.models.base import CausalLM
+from verispec.proposers.base import Proposal
+from verispec.sampling import SamplingParams, logits_to_probs, sample
+
+
+class DraftModelProposer:
+    """Keeps its own KV cache in step with the sequence.
+
+    Invariant between rounds: the cache holds every token of the sequence except `pending` (one token,
+    or two after a round in which all drafts were accepted: the last draft, which was never fed to the
+    draft model, and the bonus token). The next round feeds `pending` in a single forward, so the draft
+    catches up without re-running the prefix.
+    """
+
+    def __init__(self, model: CausalLM, max_len: int) -> None:
+        self.model = model
+        self.max_len = max_len
+        self.cache = model.new_cache(max_len)
+        self.pending: list[int] = []
+        self.fed = 0  # tokens written to the cache in the current round beyond the committed length
+        self.forwards = 0
+        self.seconds = 0.0
+
+    def reset(self, prompt: list[int]) -> None:
+        self.cache.reset()
+        if len(prompt) > 1:
+            self._forward(prompt[:-1], last_n=1)
+            self.cache.commit(len(prompt) - 1)
+        self.pending = prompt[-1:]
+        self.forwards, self.seconds = 0, 0.0  # count drafting only, not the prefill
+
+    def _forward(self, tokens: list[int], last_n: int) -> torch.Tensor:
+        t0 = time.perf_counter()
+        x = torch.tensor([tokens], dtype=torch.long, device=self.model.device)
+        logits = self.model.forward(x, self.cache, last_n=last_n)[0, -1]  # [V]
+        self.seconds += time.perf_counter() - t0
+        self.forwards += 1
+        return logits
+
+    def propose(self, gamma: int, sampling: SamplingParams, generator: torch.Generator) -> Proposal:
+        gamma = min(gamma, self.max_len - self.cache.length - len(self.pending) - 1)
+        self.fed = 0
+        if gamma <= 0:
+            return Proposal(tokens=torch.empty(0, dtype=torch.long))
+        base = self.cache.length
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        feed = self.pending
+        for _ in range(gamma):
+            logits = self._forward(feed, last_n=1)
+            self.cache.commit(len(feed))  # provisional; undone in observe()
+            if sampling.greedy:
+                token = int(logits.argmax())
+            else:
+                q = logits_to_probs(logits, sampling)
+                token = int(sample(q, generator))
+                qs.append(q)
+            tokens.append(token)
+            feed = [token]
+        self.fed = self.cache.length - base
+        self.cache.rollback(self.fed)
+        q_all = torch.stack(qs) if qs else None
+        return Proposal(tokens=torch.tensor(tokens, dtype=torch.long), q=q_all)
+
+    def observe(self, num_accepted: int, emitted: list[int]) -> None:
+        # The cache holds (uncommitted) pending + drafts[:gamma-1]. Keep pending + the accepted drafts that
+        # were fed; whatever was emitted beyond that becomes the new pending.
+        # Worked example, pending [a], gamma 3, drafts (x, y, z): fed [a, x, y].
+        #   2 accepted, emitted [x, y, r] -> keep 3 ([a, x, y]), pending [r]
+        #   3 accepted, emitted [x, y, z, b] -> keep 3, pending [z, b]
+        keep = min(len(self.pending) + num_accepted, self.fed)
+        self.cache.commit(keep)
+        self.pending = (self.pending + emitted)[keep:]
+        self.fed = 0
