@@ -20,8 +20,9 @@ class DraftModelProposer:
     catches up without re-running the prefix.
     """
 
-    def __init__(self, model: CausalLM, max_len: int) -> None:
+    def __init__(self, model: CausalLM, max_len: int, vocab_size: int | None = None) -> None:
         self.model = model
+        self.vocab_size = vocab_size or model.vocab_size  # the target's; embedding tables may be padded
         self.max_len = max_len
         self.cache = model.new_cache(max_len)
         self.pending: list[int] = []
@@ -40,7 +41,11 @@ class DraftModelProposer:
     def _forward(self, tokens: list[int], last_n: int) -> torch.Tensor:
         t0 = time.perf_counter()
         x = torch.tensor([tokens], dtype=torch.long, device=self.model.device)
-        logits = self.model.forward(x, self.cache, last_n=last_n)[0, -1]  # [V]
+        logits = self.model.forward(x, self.cache, last_n=last_n)[0, -1]  # [V_draft]
+        if logits.shape[-1] > self.vocab_size:
+            logits = logits[: self.vocab_size]
+        elif logits.shape[-1] < self.vocab_size:  # ids the draft lacks get probability 0
+            logits = torch.nn.functional.pad(logits, (0, self.vocab_size - logits.shape[-1]), value=float("-inf"))
         self.seconds += time.perf_counter() - t0
         self.forwards += 1
         return logits

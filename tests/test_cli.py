@@ -1,0 +1,133 @@
+"""The CLI end to end on tiny models, and its bad-input contract (exit code 2, one clear line)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tiny_hf import make_tiny_hf_dir
+from verispec.cli import main
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    target = make_tiny_hf_dir(root / "target", seed=0)
+    draft = make_tiny_hf_dir(root / "draft", seed=1, noise_from=target)
+    return target, draft
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "verispec.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def run_inline(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
+    """cli.main in this process (no interpreter start-up per case): exit code, stdout, stderr."""
+    try:
+        code = main(list(args))
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def gen_json(pair: tuple[Path, Path], capsys: pytest.CaptureFixture, *extra: str) -> dict:
+    target, draft = pair
+    code, out, err = run_inline(capsys, "generate", "def x ( a ) :", "--target", str(target), "--draft", str(draft),
+                                "--dtype", "float32", "--max-new-tokens", "40", "--json", *extra)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_greedy_speculative_equals_plain(pair, capsys):
+    spec = gen_json(pair, capsys, "--gamma", "3")
+    plain = gen_json(pair, capsys, "--no-speculate")
+    assert spec["token_ids"] == plain["token_ids"]
+    assert len(spec["token_ids"]) > 0
+    m = spec["metrics"]
+    for key in ("alpha", "mean_accepted_length", "target_forwards", "draft_forwards", "tokens_per_s",
+                "per_position_acceptance"):
+        assert key in m
+    assert 0.0 <= m["alpha"] <= 1.0
+    assert len(m["per_position_acceptance"]) == 3
+    # Fewer target forwards than tokens whenever anything was accepted.
+    assert m["target_forwards"] <= len(spec["token_ids"]) + 1
+    assert plain["metrics"]["target_forwards"] == len(plain["token_ids"]) + 1 or plain["finish_reason"] == "eos"
+
+
+def test_seeded_sampling_is_reproducible(pair, capsys):
+    a = gen_json(pair, capsys, "--temperature", "0.8", "--seed", "7", "--top-p", "0.95")
+    b = gen_json(pair, capsys, "--temperature", "0.8", "--seed", "7", "--top-p", "0.95")
+    assert a["token_ids"] == b["token_ids"]
+
+
+def test_chat_and_stop_string(pair, capsys):
+    out = gen_json(pair, capsys, "--chat")
+    assert out["finish_reason"] in ("eos", "length")
+    full = gen_json(pair, capsys)
+    words = full["text"].split()
+    if len(words) > 3:
+        stop = words[3]
+        cut = gen_json(pair, capsys, "--stop", stop)
+        assert stop not in cut["text"]
+        assert cut["finish_reason"] == "stop"
+        assert full["text"].startswith(cut["text"])
+
+
+def test_streaming_prints_text(pair):
+    target, draft = pair
+    proc = run("generate", "def x", "--target", str(target), "--draft", str(draft), "--max-new-tokens", "10")
+    assert proc.returncode == 0, proc.stderr
+    assert "tok/s" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["generate", ""], "prompt is empty"),
+        (["generate", "   "], "prompt is empty"),
+        (["generate", "hi", "--gamma", "0"], "gamma"),
+        (["generate", "hi", "--temperature", "-1"], "temperature"),
+        (["generate", "hi", "--temperature", "nan"], "temperature"),
+        (["generate", "hi", "--top-p", "0"], "top-p"),
+        (["generate", "hi", "--top-p", "1.5"], "top-p"),
+        (["generate", "hi", "--max-new-tokens", "0"], "max-new-tokens"),
+        (["generate", "hi", "--target", "/no/such/model"], "no model at"),
+        (["generate", "hi", "--gamma", "two"], "gamma"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args, needle, capsys):
+    code, _, err = run_inline(capsys, *args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert needle in lines[0]
+
+
+def test_bad_input_in_a_real_process():
+    proc = run("generate", "hi", "--top-p", "2")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["verispec: error: top-p must be in (0, 1], got 2.0"]
+    assert "Traceback" not in proc.stderr
+
+
+def test_incompatible_pair_is_refused(pair, tmp_path, capsys):
+    from tokenizers import Tokenizer
+
+    target, draft = pair
+    other = make_tiny_hf_dir(tmp_path / "other", seed=3)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    vocab["zzz"] = vocab.pop("print")  # same size, one token differs
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    Tokenizer.from_file(str(other / "tokenizer.json"))
+    code, _, err = run_inline(capsys, "generate", "def x", "--target", str(target), "--draft", str(other),
+                              "--max-new-tokens", "4")
+    assert code == 2
+    assert "incompatible pair" in err

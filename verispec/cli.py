@@ -1,0 +1,136 @@
+"""verispec command line: `verispec generate PROMPT`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import NoReturn
+
+from verispec.models.errors import ModelError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        _fail(message)
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"verispec: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    parser = _Parser(prog="verispec", description="Lossless speculative decoding.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    gen = sub.add_parser("generate", help="generate text from a prompt, speculatively")
+    gen.add_argument("prompt", help="the prompt text ('-' reads standard input)")
+    gen.add_argument("--target", default=DEFAULT_TARGET, help="HF directory, .gguf file or packaged name (default: %(default)s)")
+    gen.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model, same forms (default: %(default)s)")
+    gen.add_argument("--gamma", type=int, default=4, help="tokens drafted per round (default: %(default)s)")
+    gen.add_argument("--temperature", type=_finite, default=0.0, help="0 = greedy (default: %(default)s)")
+    gen.add_argument("--top-k", type=int, default=0, help="0 = off")
+    gen.add_argument("--top-p", type=_finite, default=1.0, help="in (0, 1]; 1 = off")
+    gen.add_argument("--seed", type=int, default=None, help="makes sampled runs reproducible")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--no-speculate", action="store_true", help="plain decoding with the target alone")
+    gen.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="target and draft weights")
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    return parser
+
+
+def _params(args: argparse.Namespace):
+    from verispec.engine import GenerationParams
+    from verispec.sampling import SamplingParams
+
+    if args.prompt == "-":
+        args.prompt = sys.stdin.read()
+    if not args.prompt.strip():
+        _fail("the prompt is empty")
+    try:
+        sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+        return GenerationParams(
+            max_new_tokens=args.max_new_tokens, gamma=args.gamma, sampling=sampling, seed=args.seed
+        )
+    except ValueError as e:
+        _fail(str(e))
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from verispec.engine import Generation, stream
+    from verispec.models.load import check_pair, default_threads, load
+    from verispec.models.tokenizer import TextStream
+    from verispec.proposers.draft_model import DraftModelProposer
+
+    params = _params(args)
+    default_threads()
+    progress = sys.stderr.isatty()
+    target = load(args.target, dtype=args.dtype, progress=progress)
+    tok = target.tokenizer
+    prompt = tok.chat(args.prompt) if args.chat else tok.encode(args.prompt)
+    params = dataclasses.replace(params, eos_ids=tok.eos_ids)
+    proposer = None
+    if not args.no_speculate:
+        draft = load(args.draft, dtype=args.dtype, progress=progress)
+        check_pair(target, draft)
+        max_len = len(prompt) + params.max_new_tokens + params.gamma + 2
+        proposer = DraftModelProposer(draft.model, max_len, vocab_size=target.model.vocab_size)
+    text = TextStream(tok, args.stop)
+    result = Generation()
+    try:
+        for new in stream(target.model, prompt, params, proposer, result=result, stop_fn=text.stop_fn if args.stop else None):
+            delta = text.push(new)
+            if not args.json:
+                print(delta, end="", flush=True)
+    except KeyboardInterrupt:
+        result.finish_reason = "interrupted"
+        if result.metrics is not None:
+            result.metrics.finish()
+    tail = text.flush()
+    metrics = result.metrics.to_dict() if result.metrics else {}
+    if args.json:
+        print(json.dumps({
+            "text": text.text,
+            "token_ids": result.token_ids,
+            "finish_reason": result.finish_reason,
+            "strategy": "ar" if proposer is None else "draft",
+            "metrics": metrics,
+        }))
+    else:
+        print(tail, flush=True)
+        summary = f"[{metrics.get('new_tokens')} tokens, {metrics.get('tokens_per_s')} tok/s"
+        if proposer is not None:
+            summary += f", alpha {metrics.get('alpha')}, mean accepted length {metrics.get('mean_accepted_length')}"
+        print(summary + "]", file=sys.stderr)
+    return 130 if result.finish_reason == "interrupted" else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            return cmd_generate(args)
+    except ModelError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""Resolve a model argument (packaged name, GGUF file or Hugging Face directory) into a loaded model."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from verispec.models.errors import ModelError
+from verispec.models.base import CausalLM
+from verispec.models.llama import LlamaModel
+from verispec.models.tokenizer import Tokenizer
+
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
+
+
+NATIVE_TYPES = ("llama", "qwen2", "mistral")
+
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    tokenizer: Tokenizer
+    path: Path  # the Hugging Face style directory actually loaded
+    name: str
+
+
+def resolve(spec: str, *, progress: bool = True) -> Path:
+    """Packaged model name | path to .gguf | HF directory -> HF-style directory."""
+    from verispec.models.packaged import PACKAGED, resolve_packaged
+
+    if spec in PACKAGED:
+        return resolve_packaged(spec, progress=progress)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        names = ", ".join(sorted(PACKAGED))
+        raise ModelError(f"no model at '{spec}': give a Hugging Face directory, a .gguf file, or one of: {names}")
+    if path.is_file():
+        from verispec.models.gguf_convert import convert_gguf
+
+        return convert_gguf(path, progress=progress)
+    if not (path / "config.json").is_file():
+        raise ModelError(f"'{spec}' is a directory without config.json; expected a Hugging Face model directory")
+    return path
+
+
+def _available_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _check_memory(path: Path, dtype: torch.dtype) -> None:
+    """Refuse early, with a clear message, rather than be killed by the OOM killer mid-load."""
+    n_bytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    try:
+        stored = json.loads((path / "config.json").read_text()).get("torch_dtype", "bfloat16")
+    except (OSError, ValueError):
+        stored = "bfloat16"
+    scale = torch.finfo(dtype).bits / torch.finfo(DTYPES.get(stored, torch.bfloat16)).bits
+    need = int(n_bytes * scale)
+    free = _available_bytes()
+    if free is not None and need > free:
+        raise ModelError(
+            f"not enough memory to load {path.name}: needs about {need / 2**30:.1f} GiB as {dtype}, "
+            f"{free / 2**30:.1f} GiB available"
+        )
+
+
+def load(spec: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu", progress: bool = True) -> LoadedModel:
+    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    path = resolve(spec, progress=progress)
+    _check_memory(path, torch_dtype)
+    model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    try:
+        if model_type in NATIVE_TYPES:
+            model: CausalLM = LlamaModel.from_hf_dir(path, dtype=torch_dtype, device=device)
+        else:  # any other architecture runs through transformers
+            from verispec.models.hf import HFCausalLM
+
+            model = HFCausalLM.from_dir(path, dtype=torch_dtype, device=device)
+    except (ValueError, KeyError, FileNotFoundError, OSError) as e:
+        raise ModelError(f"cannot load model from {path}: {e}") from e
+    try:
+        tokenizer = Tokenizer.from_dir(path)
+    except Exception as e:  # transformers raises many types for a broken tokenizer
+        raise ModelError(f"cannot load the tokenizer in {path}: {e}") from e
+    return LoadedModel(model=model, tokenizer=tokenizer, path=path, name=spec)
+
+
+def check_pair(target: LoadedModel, draft: LoadedModel) -> None:
+    """The draft must speak the target's vocabulary: same token strings for every id both define (the
+    models' embedding tables may be padded differently) and the same end-of-sequence tokens."""
+    tv, dv = target.tokenizer.vocab(), draft.tokenizer.vocab()
+    t_by_id = {i: s for s, i in tv.items()}
+    d_by_id = {i: s for s, i in dv.items()}
+    shared = set(t_by_id) & set(d_by_id)
+    differing = [i for i in shared if t_by_id[i] != d_by_id[i]]
+    only = len(set(t_by_id) ^ set(d_by_id))
+    if differing or only:
+        example = f" (e.g. id {differing[0]}: {t_by_id[differing[0]]!r} vs {d_by_id[differing[0]]!r})" if differing else ""
+        raise ModelError(
+            f"incompatible pair: the draft's vocabulary differs from the target's in {len(differing) + only} "
+            f"tokens{example}; speculative decoding needs one shared tokenizer"
+        )
+    if set(target.tokenizer.eos_ids) != set(draft.tokenizer.eos_ids):
+        raise ModelError(
+            f"incompatible pair: end-of-sequence tokens differ (target {target.tokenizer.eos_ids}, "
+            f"draft {draft.tokenizer.eos_ids})"
+        )
+    if draft.model.vocab_size < len(target.tokenizer):
+        raise ModelError("incompatible pair: the draft's output layer is smaller than the shared vocabulary")
+
+
+def default_threads() -> None:
+    """Use every core the process may run on (torch sometimes picks fewer in containers)."""
+    try:
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+    except AttributeError:
+        pass
