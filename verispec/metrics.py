@@ -100,7 +100,7 @@ class RequestMetrics:
             ],
             "drafted_tokens": self.drafted,
             "accepted_tokens": self.accepted,
-            "target_forwards": self.rounds + 1,  # + the prefill
+            "target_forwards": self.rounds + int(self.prompt_tokens > 1),  # + the prefill, if any
             "draft_forwards": self.draft_forwards,
             "target_seconds": r(self.target_seconds),
             "draft_seconds": r(self.draft_seconds),

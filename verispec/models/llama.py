@@ -47,10 +47,21 @@ class LlamaConfig:
         eos = cfg.get("eos_token_id")
         kwargs["eos_token_id"] = eos[0] if isinstance(eos, list) else eos
         kwargs["attention_bias"] = model_type == "qwen2" or bool(cfg.get("attention_bias", False))
-        if cfg.get("rope_scaling"):
-            raise ValueError("rope_scaling is not supported by the native model yet")
-        if "rope_theta" not in cfg and isinstance(cfg.get("rope_parameters"), dict):
-            kwargs["rope_theta"] = cfg["rope_parameters"].get("rope_theta", 10000.0)
+        # Refuse what this model does not implement rather than load it and compute wrong logits.
+        rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+        if cfg.get("rope_scaling") or rope.get("rope_type", "default") != "default":
+            raise ValueError("rope scaling is not supported by the native model yet")
+        if cfg.get("mlp_bias"):
+            raise ValueError("mlp_bias is not supported by the native model")
+        if cfg.get("attention_bias") and model_type != "qwen2":
+            raise ValueError("an output-projection bias is not supported by the native model")
+        if "rope_theta" not in cfg and rope:
+            kwargs["rope_theta"] = rope.get("rope_theta", 10000.0)
+        window = cfg.get("sliding_window")
+        uses_window = cfg.get("use_sliding_window", model_type == "mistral")
+        if window and uses_window:
+            # Without a window mask the model is exact only up to the window: cap the context there.
+            kwargs["max_position_embeddings"] = min(kwargs.get("max_position_embeddings", window), window)
         return cls(**kwargs)
 
 

@@ -25,6 +25,7 @@ class DraftModelProposer:
         self.vocab_size = vocab_size or model.vocab_size  # the target's; embedding tables may be padded
         self.max_len = max_len
         self.cache = model.new_cache(max_len)
+        self.max_len = self.cache.max_len  # the model may cap it at its context length
         self.pending: list[int] = []
         self.fed = 0  # tokens written to the cache in the current round beyond the committed length
         self.forwards = 0

@@ -1,0 +1,197 @@
+"""logits -> probabilities: temperature, top-k, top-p, greedy, and parameter validation (known values)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from verispec.sampling import SamplingParams, logits_to_probs, make_generator, sample
+
+
+def probs_of(logits, **kw) -> np.ndarray:
+    return logits_to_probs(torch.tensor(logits, dtype=torch.float32), SamplingParams(**kw)).double().numpy()
+
+
+def log(ps) -> list[float]:
+    return [math.log(x) if x > 0 else -math.inf for x in ps]
+
+
+def close(a, b, atol=1e-6) -> None:
+    np.testing.assert_allclose(a, b, atol=atol, rtol=0)
+
+
+# ---- temperature ------------------------------------------------------------------------------------------------
+def test_temperature_one_is_softmax():
+    close(probs_of(log([1, 2, 4]), temperature=1.0), [1 / 7, 2 / 7, 4 / 7])
+
+
+def test_temperature_scales_logits():
+    # T = 0.5 squares the odds, T = 2 takes their square root.
+    close(probs_of(log([1, 2, 4]), temperature=0.5), [1 / 21, 4 / 21, 16 / 21])
+    s = 1 + math.sqrt(2) + 2
+    close(probs_of(log([1, 2, 4]), temperature=2.0), [1 / s, math.sqrt(2) / s, 2 / s])
+
+
+def test_output_is_float32_probabilities_any_input_dtype_and_shape():
+    logits = torch.randn(2, 3, 5, dtype=torch.float64)
+    for dtype in (torch.float64, torch.bfloat16, torch.float16):
+        out = logits_to_probs(logits.to(dtype), SamplingParams(temperature=0.8, top_k=3, top_p=0.9))
+        assert out.dtype == torch.float32 and out.shape == (2, 3, 5)
+        close(out.sum(-1).double().numpy(), np.ones((2, 3)), atol=1e-5)
+        assert torch.all(out >= 0)
+
+
+def test_minus_inf_logits_get_zero_probability():
+    """A draft whose vocabulary is padded with -inf logits (DraftModelProposer) must give finite probabilities."""
+    out = probs_of([0.0, -math.inf, math.log(3), -math.inf], temperature=0.7, top_p=0.95)
+    assert np.all(np.isfinite(out))
+    assert out[1] == 0 and out[3] == 0
+    g = logits_to_probs(torch.tensor([-math.inf, 1.0, -math.inf]), SamplingParams(temperature=0.0))
+    assert g.tolist() == [0.0, 1.0, 0.0]
+
+
+# ---- top-k --------------------------------------------------------------------------------------------------------
+def test_top_k_keeps_the_k_largest():
+    close(probs_of(log([0.1, 0.2, 0.3, 0.4]), temperature=1.0, top_k=2), [0, 0, 3 / 7, 4 / 7])
+    close(probs_of(log([0.1, 0.2, 0.3, 0.4]), temperature=1.0, top_k=1), [0, 0, 0, 1])
+
+
+def test_top_k_keeps_all_ties_at_the_kth_value():
+    # Like Hugging Face's TopKLogitsWarper (mask logits < the k-th largest): tied tokens are all kept.
+    close(probs_of([1.0, 3.0, 3.0, 2.0], temperature=1.0, top_k=1), [0, 0.5, 0.5, 0])
+    e = math.exp
+    close(probs_of([1.0, 3.0, 2.0, 2.0], temperature=1.0, top_k=2),
+          [0, e(3) / (e(3) + 2 * e(2)), e(2) / (e(3) + 2 * e(2)), e(2) / (e(3) + 2 * e(2))])
+
+
+@pytest.mark.parametrize("k", [0, 4, 10])
+def test_top_k_off(k):
+    close(probs_of(log([0.1, 0.2, 0.3, 0.4]), temperature=1.0, top_k=k), [0.1, 0.2, 0.3, 0.4])
+
+
+def test_top_k_applies_after_temperature_on_logits():
+    # Rank is temperature invariant; the kept tokens are renormalised at the given temperature.
+    close(probs_of(log([0.1, 0.2, 0.3, 0.4]), temperature=0.5, top_k=2), [0, 0, 9 / 25, 16 / 25])
+
+
+# ---- top-p --------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "top_p,expected",
+    [
+        (0.45, [1, 0, 0, 0]),  # the top token alone (0.5) already reaches 0.45
+        (0.7, [5 / 8, 3 / 8, 0, 0]),  # 0.5 < 0.7 <= 0.8: the two largest
+        (0.79, [5 / 8, 3 / 8, 0, 0]),
+        (0.81, [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0]),  # needs the third
+        (0.96, [0.5, 0.3, 0.15, 0.05]),  # needs all four
+        (1.0, [0.5, 0.3, 0.15, 0.05]),  # off
+    ],
+)
+def test_top_p_keeps_the_minimal_set_reaching_top_p(top_p, expected):
+    # Unsorted input, to check the scatter back to vocabulary order.
+    perm = [2, 0, 3, 1]
+    ps = [0.5, 0.3, 0.15, 0.05]
+    out = probs_of(log([ps[i] for i in perm]), temperature=1.0, top_p=top_p)
+    close(out, [expected[i] for i in perm])
+
+
+def test_top_p_stops_as_soon_as_the_mass_is_reached_exactly():
+    # Four equal logits: each token has exactly 0.25 (exact in float32). Two tokens reach 0.5 exactly, so top-p 0.5
+    # keeps exactly two (which two among ties is unspecified); a third would not be minimal.
+    out = probs_of([0.0, 0.0, 0.0, 0.0], temperature=1.0, top_p=0.5)
+    assert sorted(out.tolist()) == [0.0, 0.0, 0.5, 0.5]
+    out = probs_of([0.0, 0.0, 0.0, 0.0], temperature=1.0, top_p=0.75)
+    close(sorted(out), [0, 1 / 3, 1 / 3, 1 / 3])
+
+
+@pytest.mark.parametrize("top_p", [1e-6, 0.01, 0.2])
+def test_top_p_always_keeps_the_top_token(top_p):
+    close(probs_of(log([0.2, 0.3, 0.5]), temperature=1.0, top_p=top_p), [0, 0, 1])
+
+
+def test_top_p_is_computed_on_the_tempered_distribution():
+    # At T=1, p = [.6, .3, .1]: top-p .75 keeps two tokens. At T=.5, p = [36, 9, 1]/46 ~ [.783, .196, .022]:
+    # the top token alone reaches .75.
+    close(probs_of(log([0.6, 0.3, 0.1]), temperature=1.0, top_p=0.75), [2 / 3, 1 / 3, 0])
+    close(probs_of(log([0.6, 0.3, 0.1]), temperature=0.5, top_p=0.75), [1, 0, 0])
+    # and at T = .5 with top-p .8 (> .783) the second one comes back, renormalised at T = .5.
+    close(probs_of(log([0.6, 0.3, 0.1]), temperature=0.5, top_p=0.8), [36 / 45, 9 / 45, 0])
+
+
+def test_top_k_then_top_p():
+    # top-k 3 of [.4, .3, .2, .1] -> [4, 3, 2]/9 ~ [.444, .333, .222]; top-p .7 then keeps the first two.
+    close(probs_of(log([0.4, 0.3, 0.2, 0.1]), temperature=1.0, top_k=3, top_p=0.7), [4 / 7, 3 / 7, 0, 0])
+    # Without top-k, top-p .7 on [.4, .3, .2, .1] would keep the same two; with top-p .75 it differs:
+    # .444 + .333 = .778 >= .75 (two tokens) versus .4 + .3 = .7 < .75 (three tokens).
+    close(probs_of(log([0.4, 0.3, 0.2, 0.1]), temperature=1.0, top_k=3, top_p=0.75), [4 / 7, 3 / 7, 0, 0])
+    close(probs_of(log([0.4, 0.3, 0.2, 0.1]), temperature=1.0, top_p=0.75), [4 / 9, 3 / 9, 2 / 9, 0])
+
+
+def test_top_p_per_row():
+    logits = torch.tensor([log([0.5, 0.3, 0.2]), log([0.2, 0.2, 0.6])], dtype=torch.float32)
+    out = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=0.55)).double().numpy()
+    close(out, [[5 / 8, 3 / 8, 0], [0, 0, 1]])
+
+
+# ---- greedy -------------------------------------------------------------------------------------------------------
+def test_greedy_is_one_hot_of_first_argmax():
+    assert probs_of([1.0, 3.0, 3.0, 2.0], temperature=0.0).tolist() == [0, 1, 0, 0]
+    assert probs_of([5.0, 5.0, 5.0], temperature=0.0).tolist() == [1, 0, 0]
+    assert SamplingParams().greedy and not SamplingParams(temperature=1e-3).greedy
+
+
+def test_greedy_ignores_top_k_and_top_p():
+    assert probs_of([1.0, 3.0, 3.0, 2.0], temperature=0.0, top_k=1, top_p=0.1).tolist() == [0, 1, 0, 0]
+
+
+def test_greedy_batched_matches_torch_argmax():
+    logits = torch.randint(0, 3, (50, 7)).float()  # many ties
+    out = logits_to_probs(logits, SamplingParams(temperature=0.0))
+    assert torch.equal(out.argmax(-1), logits.argmax(-1))
+    assert torch.equal(out.sum(-1), torch.ones(50)) and set(out.unique().tolist()) <= {0.0, 1.0}
+
+
+# ---- validation -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"temperature": -0.1},
+        {"temperature": math.nan},
+        {"temperature": math.inf},
+        {"top_p": 0.0},
+        {"top_p": -0.5},
+        {"top_p": 1.0001},
+        {"top_p": math.nan},
+        {"top_k": -1},
+    ],
+)
+def test_invalid_params_raise(kwargs):
+    with pytest.raises(ValueError):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"temperature": 0.0}, {"temperature": 2.5, "top_k": 1, "top_p": 1e-9}, {"top_p": 1.0, "top_k": 0}]
+)
+def test_valid_params(kwargs):
+    SamplingParams(**kwargs)
+
+
+# ---- sample / generator --------------------------------------------------------------------------------------------
+def test_sample_shapes_and_law():
+    probs = torch.tensor([[0.0, 0.25, 0.75], [1.0, 0.0, 0.0]])
+    draws = torch.stack([sample(probs, make_generator(s)) for s in range(2000)])  # [2000, 2]
+    assert draws.shape == (2000, 2)
+    assert torch.all(draws[:, 1] == 0) and torch.all(draws[:, 0] != 0)
+    frac = (draws[:, 0] == 2).double().mean().item()
+    assert abs(frac - 0.75) < 5 * (0.75 * 0.25 / 2000) ** 0.5
+    assert sample(torch.full((2, 3, 4), 0.25), make_generator(0)).shape == (2, 3)
+
+
+def test_make_generator_is_reproducible():
+    a = torch.rand(5, generator=make_generator(123))
+    b = torch.rand(5, generator=make_generator(123))
+    c = torch.rand(5, generator=make_generator(124))
+    assert torch.equal(a, b) and not torch.equal(a, c)
