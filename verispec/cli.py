@@ -46,7 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--no-speculate", action="store_true", help="plain decoding with the target alone")
-    gen.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="target and draft weights")
+    gen.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                     help="the target's precision; output is lossless relative to the target as run (default: %(default)s)")
+    gen.add_argument("--draft-dtype", choices=["bfloat16", "float32", "int8"], default=None,
+                     help="the draft's precision; it never changes the output distribution (default: int8 with a "
+                          "bfloat16 target, else the target's)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     return parser
 
@@ -85,7 +89,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = dataclasses.replace(params, eos_ids=tok.eos_ids)
     proposer = None
     if not args.no_speculate:
-        draft = load(args.draft, dtype=args.dtype, progress=progress)
+        draft_dtype = args.draft_dtype or ("int8" if args.dtype == "bfloat16" else args.dtype)
+        draft = load(args.draft, dtype=draft_dtype, progress=progress)
         check_pair(target, draft)
         max_len = len(prompt) + params.max_new_tokens + params.gamma + 2
         proposer = DraftModelProposer(draft.model, max_len, vocab_size=target.model.vocab_size)

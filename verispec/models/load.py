@@ -75,7 +75,9 @@ def _check_memory(path: Path, dtype: torch.dtype) -> None:
 
 
 def load(spec: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu", progress: bool = True) -> LoadedModel:
-    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    """dtype: bfloat16 | float32, or int8 (weight-only int8 linears, bfloat16 activations; native models)."""
+    int8 = dtype == "int8"
+    torch_dtype = torch.bfloat16 if int8 else DTYPES[dtype] if isinstance(dtype, str) else dtype
     path = resolve(spec, progress=progress)
     _check_memory(path, torch_dtype)
     model_type = json.loads((path / "config.json").read_text()).get("model_type")
@@ -88,6 +90,12 @@ def load(spec: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu
             model = HFCausalLM.from_dir(path, dtype=torch_dtype, device=device)
     except (ValueError, KeyError, FileNotFoundError, OSError) as e:
         raise ModelError(f"cannot load model from {path}: {e}") from e
+    if int8:
+        if not isinstance(model, LlamaModel):
+            raise ModelError(f"int8 weights need the native model; {path.name} is a {model_type} model")
+        from verispec.models.quant import quantize_int8
+
+        quantize_int8(model)
     try:
         tokenizer = Tokenizer.from_dir(path)
     except Exception as e:  # transformers raises many types for a broken tokenizer
