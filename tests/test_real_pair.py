@@ -1,0 +1,65 @@
+"""End to end on the real Qwen2.5-Coder pair (GBs of weights): run with `pytest -m slow`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    ("def quicksort(arr):", False),
+    ("Write a Python function that checks whether a string is a palindrome.", True),
+    ("class Stack:\n    def __init__(self):", False),
+]
+
+
+@pytest.fixture(scope="module")
+def models():
+    from verispec.models.load import check_pair, load
+    from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    target = load(DEFAULT_TARGET, progress=False)
+    draft_int8 = load(DEFAULT_DRAFT, dtype="int8", progress=False)
+    check_pair(target, draft_int8)
+    return target, draft_int8
+
+
+def _prompt(tok, text: str, chat: bool) -> list[int]:
+    return tok.chat(text) if chat else tok.encode(text)
+
+
+@pytest.mark.parametrize("text, chat", PROMPTS)
+def test_greedy_speculative_equals_plain_on_real_pair(models, text, chat):
+    from verispec.engine import GenerationParams, generate
+    from verispec.proposers.draft_model import DraftModelProposer
+
+    target, draft = models
+    tok = target.tokenizer
+    prompt = _prompt(tok, text, chat)
+    params = GenerationParams(max_new_tokens=48, gamma=4, eos_ids=tok.eos_ids)
+    plain = generate(target.model, prompt, params)
+    spec = generate(target.model, prompt, params, DraftModelProposer(draft.model, len(prompt) + 60))
+    assert spec.token_ids == plain.token_ids, (tok.decode(plain.token_ids), tok.decode(spec.token_ids))
+    assert spec.metrics.alpha > 0.3  # the pair shares a family: a much lower value means a broken draft
+    assert spec.metrics.rounds < plain.metrics.rounds
+
+
+def test_rollback_on_real_target_matches_fresh_prefill(models):
+    """After verifying a wrong draft, the committed cache gives the logits of a fresh prefill."""
+    target, _ = models
+    model = target.model
+    ids = target.tokenizer.encode("def add(a, b):\n    return a + b\n")
+    cache = model.new_cache(128)
+    model.forward(torch.tensor([ids[:-1]]), cache, last_n=1)
+    cache.commit(len(ids) - 1)
+    wrong = [ids[-1], 11, 22, 33]  # pending token + 3 drafts, of which only the pending one is kept
+    model.forward(torch.tensor([wrong]), cache)
+    cache.commit(1)
+    after = model.forward(torch.tensor([[44]]), cache)[0, -1].float()
+    fresh_cache = model.new_cache(128)
+    fresh = model.forward(torch.tensor([ids + [44]]), fresh_cache, last_n=1)[0, -1].float()
+    # bfloat16: compare the decisions and the scale of the difference, not bits
+    assert after.argmax() == fresh.argmax()
+    assert (after - fresh).abs().max() < 0.5
+    assert set(torch.topk(after, 5).indices.tolist()) == set(torch.topk(fresh, 5).indices.tolist())
