@@ -12,7 +12,26 @@ import torch
 from torch import Tensor
 
 
-class KVCache:
+class CommitLog:
+    """The commit/rollback bookkeeping every cache shares: how many written tokens are real."""
+
+    length: int
+    max_len: int
+
+    def commit(self, n: int) -> None:
+        """Keep n of the slots the last forward wrote (n may be 0)."""
+        if n < 0 or self.length + n > self.max_len:
+            raise ValueError(f"cannot commit {n} tokens at length {self.length} (max {self.max_len})")
+        self.length += n
+
+    def rollback(self, n: int) -> None:
+        """Forget the last n committed tokens."""
+        if not 0 <= n <= self.length:
+            raise ValueError(f"cannot roll back {n} of {self.length} tokens")
+        self.length -= n
+
+
+class KVCache(CommitLog):
     """Keys/values for one model: [layers, batch, kv_heads, max_len, head_dim]."""
 
     def __init__(
@@ -40,18 +59,6 @@ class KVCache:
         self.k[layer, :, :, self.length : end] = k
         self.v[layer, :, :, self.length : end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
-
-    def commit(self, n: int) -> None:
-        """Keep n of the slots the last forward wrote (n may be 0)."""
-        if n < 0 or self.length + n > self.max_len:
-            raise ValueError(f"cannot commit {n} tokens at length {self.length} (max {self.max_len})")
-        self.length += n
-
-    def rollback(self, n: int) -> None:
-        """Forget the last n committed tokens."""
-        if not 0 <= n <= self.length:
-            raise ValueError(f"cannot roll back {n} of {self.length} tokens")
-        self.length -= n
 
     def reset(self) -> None:
         self.length = 0

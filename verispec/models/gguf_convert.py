@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from verispec.models.errors import ModelError
-from verispec.models.packaged import GGUF_MAGIC, cache_dir
+from verispec.models.packaged import GGUF_MAGIC, cache_dir, file_sha256
 
 FORMAT_VERSION = 1  # bump when the converted layout changes, so old cache entries are rebuilt
 MARKER = "verispec.json"
@@ -92,17 +92,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def gguf_sha256(path: Path, progress: bool = False) -> str:
     """Hex sha256 of a file's bytes: the cache key of its conversion."""
-    from tqdm import tqdm
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f, tqdm(
-        total=path.stat().st_size, unit="B", unit_scale=True, desc=f"hashing {path.name}", disable=not progress,
-        file=sys.stderr,
-    ) as bar:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-            bar.update(len(chunk))
-    return h.hexdigest()
+    return file_sha256(path, progress, f"hashing {path.name}")
 
 
 def _source_sha256(path: Path, root: Path, progress: bool) -> str:

@@ -13,24 +13,16 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from verispec.cache import CacheFullError, CommitLog
 
-class HFCache:
+
+class HFCache(CommitLog):
     def __init__(self, max_len: int) -> None:
         from transformers import DynamicCache
 
         self.inner = DynamicCache()
         self.max_len = max_len
         self.length = 0
-
-    def commit(self, n: int) -> None:
-        if n < 0 or self.length + n > self.max_len:
-            raise ValueError(f"cannot commit {n} tokens at length {self.length} (max {self.max_len})")
-        self.length += n
-
-    def rollback(self, n: int) -> None:
-        if not 0 <= n <= self.length:
-            raise ValueError(f"cannot roll back {n} of {self.length} tokens")
-        self.length -= n
 
     def reset(self) -> None:
         self.__init__(self.max_len)
@@ -67,8 +59,6 @@ class HFCausalLM:
             cache.inner.crop(-extra)  # transformers 5: a negative count removes that many tokens
         t = tokens.shape[1]
         if cache.length + t > cache.max_len:
-            from verispec.cache import CacheFullError
-
             raise CacheFullError(f"sequence of {cache.length + t} tokens exceeds the cache size of {cache.max_len}")
         positions = torch.arange(cache.length, cache.length + t, device=tokens.device)[None]
         out = self.model(

@@ -129,7 +129,8 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
-def _hash_file(path: Path, progress: bool, desc: str) -> str:
+def file_sha256(path: Path, progress: bool, desc: str) -> str:
+    """Hex sha256 of a file, read in pieces so memory stays flat, with an optional progress bar."""
     from tqdm import tqdm
 
     h = hashlib.sha256()
@@ -155,7 +156,7 @@ def _trusted(path: Path, model: PackagedModel, progress: bool) -> bool:
             return True
     except OSError:
         pass
-    if _hash_file(path, progress, f"verifying {path.name}") != model.sha256:
+    if file_sha256(path, progress, f"verifying {path.name}") != model.sha256:
         return False
     _sidecar(path).write_text(model.sha256 + "\n")
     return True
