@@ -284,7 +284,7 @@ def test_assemble_verifies_and_caches(fake_model: PackagedModel, tiny: dict, tmp
     def no_hashing(*args: object, **kwargs: object) -> str:
         raise AssertionError("a verified file must not be hashed again")
 
-    monkeypatch.setattr(packaged, "_hash_file", no_hashing)
+    monkeypatch.setattr(packaged, "file_sha256", no_hashing)
     assert assemble(fake_model, cache=cache, progress=False) == path
     monkeypatch.undo()
     Path(f"{path}.sha256").unlink()  # no sidecar: re-verified, then trusted again

@@ -82,20 +82,20 @@ def load(spec: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu
     _check_memory(path, torch_dtype)
     model_type = json.loads((path / "config.json").read_text()).get("model_type")
     try:
-        if model_type in NATIVE_TYPES:
-            model: CausalLM = LlamaModel.from_hf_dir(path, dtype=torch_dtype, device=device)
+        if int8 and model_type in NATIVE_TYPES:
+            from verispec.models.quant import load_int8_llama
+
+            model: CausalLM = load_int8_llama(path).to(device)
+        elif model_type in NATIVE_TYPES:
+            model = LlamaModel.from_hf_dir(path, dtype=torch_dtype, device=device)
         else:  # any other architecture runs through transformers
             from verispec.models.hf import HFCausalLM
 
             model = HFCausalLM.from_dir(path, dtype=torch_dtype, device=device)
     except (ValueError, KeyError, FileNotFoundError, OSError) as e:
         raise ModelError(f"cannot load model from {path}: {e}") from e
-    if int8:
-        if not isinstance(model, LlamaModel):
-            raise ModelError(f"int8 weights need the native model; {path.name} is a {model_type} model")
-        from verispec.models.quant import quantize_int8
-
-        quantize_int8(model)
+    if int8 and not isinstance(model, LlamaModel):
+        raise ModelError(f"int8 weights need the native model; {path.name} is a {model_type} model")
     try:
         tokenizer = Tokenizer.from_dir(path)
     except Exception as e:  # transformers raises many types for a broken tokenizer

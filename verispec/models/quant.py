@@ -7,8 +7,16 @@ model, which runs one token at a time, and its precision is free: losslessness d
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from verispec.models.llama import LlamaModel
 
 
 class Int8Linear(nn.Module):
@@ -36,4 +44,33 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, child_name, Int8Linear(child))
+    return model
+
+
+INT8_FILE = "verispec-int8.safetensors"
+
+
+def load_int8_llama(path: Path, dtype: torch.dtype = torch.bfloat16) -> "LlamaModel":
+    """A native model with int8 linears, from `path`'s cached int8 weights when present (quantizing costs
+    seconds per start), else quantized now and cached when the directory is writable."""
+    from safetensors.torch import load_file, save_file
+
+    from verispec.models.llama import LlamaConfig, LlamaModel, rope_tables
+
+    cached = path / INT8_FILE
+    if cached.is_file():
+        cfg = LlamaConfig.from_hf(json.loads((path / "config.json").read_text()))
+        with torch.device("meta"):
+            model = quantize_int8(LlamaModel(cfg))
+        model.load_state_dict(load_file(str(cached)), strict=True, assign=True)
+        model.cos, model.sin = rope_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        return model.eval()
+    model = quantize_int8(LlamaModel.from_hf_dir(path, dtype=dtype))
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    tmp = cached.with_suffix(".tmp")
+    try:
+        save_file(state, str(tmp))
+        os.replace(tmp, cached)
+    except OSError:  # a read-only model directory: just don't cache
+        tmp.unlink(missing_ok=True)
     return model
