@@ -131,3 +131,11 @@ def test_incompatible_pair_is_refused(pair, tmp_path, capsys):
                               "--max-new-tokens", "4")
     assert code == 2
     assert "incompatible pair" in err
+
+
+def test_prompt_beyond_the_context_is_one_line(pair, capsys):
+    target, draft = pair  # the tiny models have a 256-token context
+    code, _, err = run_inline(capsys, "generate", "x " * 200, "--target", str(target), "--draft", str(draft),
+                              "--max-new-tokens", "100")
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and "context" in err

@@ -75,6 +75,7 @@ def _params(args: argparse.Namespace):
 def cmd_generate(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from verispec.cache import CacheFullError
     from verispec.engine import Generation, stream
     from verispec.models.load import check_pair, default_threads, load
     from verispec.models.tokenizer import TextStream
@@ -105,6 +106,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         result.finish_reason = "interrupted"
         if result.metrics is not None:
             result.metrics.finish()
+    except (ValueError, CacheFullError) as e:  # e.g. prompt + max new tokens beyond the model's context
+        if not args.json:
+            print(text.flush(), flush=True)  # keep what was already generated on screen
+        _fail(str(e))
     tail = text.flush()
     metrics = result.metrics.to_dict() if result.metrics else {}
     if args.json:
