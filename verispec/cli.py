@@ -52,7 +52,26 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the draft's precision; it never changes the output distribution (default: int8 with a "
                           "bfloat16 target, else the target's)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    th = sub.add_parser("theory", help="expected tokens per round, predicted speedup and the optimal gamma")
+    th.add_argument("--alpha", type=_finite, default=None, help="acceptance rate in [0, 1]")
+    th.add_argument("--gamma", type=int, default=4, help="tokens drafted per round (default: %(default)s)")
+    th.add_argument("--c", type=_finite, default=0.2, help="draft cost / target cost per forward (default: %(default)s)")
     return parser
+
+
+def cmd_theory(args: argparse.Namespace) -> int:
+    from verispec.theory import expected_tokens, optimal_gamma, predicted_speedup, table
+
+    try:
+        if args.alpha is not None:
+            print(f"alpha {args.alpha}, gamma {args.gamma}, c {args.c}: "
+                  f"{expected_tokens(args.alpha, args.gamma):.3f} expected tokens per round, "
+                  f"predicted speedup {predicted_speedup(args.alpha, args.gamma, args.c):.2f}x, "
+                  f"optimal gamma {optimal_gamma(args.alpha, args.c)}")
+        print(table([0.5, 0.7, 0.85, 0.95], [1, 2, 3, 4, 5, 6, 8], args.c))
+    except ValueError as e:
+        _fail(str(e))
+    return 0
 
 
 def _params(args: argparse.Namespace):
@@ -134,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return cmd_generate(args)
+        if args.command == "theory":
+            return cmd_theory(args)
     except ModelError as e:
         _fail(str(e))
     except KeyboardInterrupt:

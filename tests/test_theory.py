@@ -1,0 +1,51 @@
+import math
+
+import pytest
+
+from verispec.theory import expected_tokens, optimal_gamma, predicted_speedup, table
+
+
+def test_known_values():
+    assert expected_tokens(0.8, 5) == pytest.approx(3.689, abs=5e-4)  # (1 - 0.8^6) / 0.2
+    assert expected_tokens(0.5, 1) == pytest.approx(1.5)
+    assert expected_tokens(0.0, 7) == 1.0  # nothing accepted: the recovered token only
+    assert expected_tokens(1.0, 4) == 5.0  # all accepted: gamma + bonus
+    assert expected_tokens(0.9999999, 4) == pytest.approx(5.0, rel=1e-5)  # continuous at alpha -> 1
+
+
+def test_matches_the_sum_it_stands_for():
+    for a in (0.3, 0.7, 0.95):
+        for g in range(0, 9):
+            assert expected_tokens(a, g) == pytest.approx(sum(a**i for i in range(g + 1)))
+
+
+def test_speedup_and_optimal_gamma():
+    assert predicted_speedup(0.8, 5, 0.0) == pytest.approx(expected_tokens(0.8, 5))
+    assert predicted_speedup(0.8, 4, 0.25) == pytest.approx(3.3616 / 2.0)
+    # Free drafts and perfect acceptance: draft as far as allowed; costly drafts and poor acceptance: draft one.
+    assert optimal_gamma(1.0, 0.0, max_gamma=8) == 8
+    assert optimal_gamma(0.3, 0.5) == 1
+    g = optimal_gamma(0.8, 0.1)
+    assert all(predicted_speedup(0.8, g, 0.1) >= predicted_speedup(0.8, k, 0.1) for k in range(1, 17))
+
+
+def test_bad_input_and_table():
+    with pytest.raises(ValueError):
+        expected_tokens(1.5, 3)
+    with pytest.raises(ValueError):
+        predicted_speedup(0.5, 3, -1)
+    md = table([0.5, 0.7, 0.85, 0.95], [1, 2, 4, 8], c=0.2)
+    assert md.count("\n") == 5 and "optimal γ" in md
+    assert not math.isnan(predicted_speedup(0.5, 0, 0.2))
+
+
+def test_theory_command(capsys):
+    from verispec.cli import main
+
+    assert main(["theory", "--alpha", "0.8", "--gamma", "5", "--c", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "3.689 expected tokens" in out and "| 0.95 |" in out
+    with pytest.raises(SystemExit) as e:
+        main(["theory", "--alpha", "2"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["verispec: error: alpha must be in [0, 1], got 2.0"]
