@@ -131,9 +131,14 @@ class LlamaModel(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
-        cos, sin = rope_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        self.register_buffer("cos", None, persistent=False)
+        self.register_buffer("sin", None, persistent=False)
+        self.init_rope()
+
+    def init_rope(self) -> None:
+        """Compute the rope tables; also needed after the model was built on the meta device."""
+        cfg = self.cfg
+        self.cos, self.sin = rope_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
 
     @property
     def device(self) -> torch.device:
@@ -207,8 +212,7 @@ class LlamaModel(nn.Module):
         missing = [n for n, p in model.named_parameters() if p.is_meta]
         if missing:
             raise ValueError(f"checkpoint in {path} lacks {missing[:3]}...")
-        cos, sin = rope_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
-        model.cos, model.sin = cos, sin
+        model.init_rope()
         return model.to(device).eval()
 
 

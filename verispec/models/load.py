@@ -57,13 +57,10 @@ def _available_bytes() -> int | None:
     return None
 
 
-def _check_memory(path: Path, dtype: torch.dtype) -> None:
+def _check_memory(path: Path, config: dict, dtype: torch.dtype) -> None:
     """Refuse early, with a clear message, rather than be killed by the OOM killer mid-load."""
     n_bytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-    try:
-        stored = json.loads((path / "config.json").read_text()).get("torch_dtype", "bfloat16")
-    except (OSError, ValueError):
-        stored = "bfloat16"
+    stored = config.get("torch_dtype", "bfloat16")
     scale = torch.finfo(dtype).bits / torch.finfo(DTYPES.get(stored, torch.bfloat16)).bits
     need = int(n_bytes * scale)
     free = _available_bytes()
@@ -79,10 +76,16 @@ def load(spec: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu
     int8 = dtype == "int8"
     torch_dtype = torch.bfloat16 if int8 else DTYPES[dtype] if isinstance(dtype, str) else dtype
     path = resolve(spec, progress=progress)
-    _check_memory(path, torch_dtype)
-    model_type = json.loads((path / "config.json").read_text()).get("model_type")
     try:
-        if int8 and model_type in NATIVE_TYPES:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot read {path / 'config.json'}: {e}") from e
+    model_type = config.get("model_type")
+    if int8 and model_type not in NATIVE_TYPES:
+        raise ModelError(f"int8 weights need the native model; {path.name} is a {model_type} model")
+    _check_memory(path, config, torch_dtype)
+    try:
+        if int8:
             from verispec.models.quant import load_int8_llama
 
             model: CausalLM = load_int8_llama(path).to(device)
@@ -94,8 +97,6 @@ def load(spec: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu
             model = HFCausalLM.from_dir(path, dtype=torch_dtype, device=device)
     except (ValueError, KeyError, FileNotFoundError, OSError) as e:
         raise ModelError(f"cannot load model from {path}: {e}") from e
-    if int8 and not isinstance(model, LlamaModel):
-        raise ModelError(f"int8 weights need the native model; {path.name} is a {model_type} model")
     try:
         tokenizer = Tokenizer.from_dir(path)
     except Exception as e:  # transformers raises many types for a broken tokenizer

@@ -55,7 +55,7 @@ def load_int8_llama(path: Path, dtype: torch.dtype = torch.bfloat16) -> "LlamaMo
     seconds per start), else quantized now and cached when the directory is writable."""
     from safetensors.torch import load_file, save_file
 
-    from verispec.models.llama import LlamaConfig, LlamaModel, rope_tables
+    from verispec.models.llama import LlamaConfig, LlamaModel
 
     cached = path / INT8_FILE
     if cached.is_file():
@@ -63,7 +63,7 @@ def load_int8_llama(path: Path, dtype: torch.dtype = torch.bfloat16) -> "LlamaMo
         with torch.device("meta"):
             model = quantize_int8(LlamaModel(cfg))
         model.load_state_dict(load_file(str(cached)), strict=True, assign=True)
-        model.cos, model.sin = rope_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        model.init_rope()
         return model.eval()
     model = quantize_int8(LlamaModel.from_hf_dir(path, dtype=dtype))
     state = {k: v.contiguous() for k, v in model.state_dict().items()}

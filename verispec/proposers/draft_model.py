@@ -23,7 +23,6 @@ class DraftModelProposer:
     def __init__(self, model: CausalLM, max_len: int, vocab_size: int | None = None) -> None:
         self.model = model
         self.vocab_size = vocab_size or model.vocab_size  # the target's; embedding tables may be padded
-        self.max_len = max_len
         self.cache = model.new_cache(max_len)
         self.max_len = self.cache.max_len  # the model may cap it at its context length
         self.pending: list[int] = []
