@@ -28,6 +28,50 @@ def _finite(text: str) -> float:
     return value
 
 
+def _strategy_help() -> str:
+    from verispec.strategies import STRATEGIES
+
+    return "; ".join(f"{s.name} ({s.help})" for s in STRATEGIES.values())
+
+
+def _model_args(p: argparse.ArgumentParser, default_target: str, default_draft: str) -> None:
+    p.add_argument("--target", default=default_target, help="HF directory, .gguf file or packaged name (default: %(default)s)")
+    p.add_argument("--draft", default=default_draft, help="draft model, same forms (default: %(default)s)")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                   help="the target's precision; output is lossless relative to the target as run (default: %(default)s)")
+    p.add_argument("--draft-dtype", choices=["bfloat16", "float32", "int8"], default=None,
+                   help="the draft's precision; it never changes the output distribution (default: int8 with a "
+                        "bfloat16 target, else the target's)")
+    p.add_argument("--ngram-max", type=int, default=3, help="longest suffix n-gram matched (ngram strategies)")
+    p.add_argument("--ngram-min", type=int, default=1, help="shortest suffix n-gram matched (ngram strategies)")
+
+
+def _options(args: argparse.Namespace):
+    from verispec.strategies import StrategyOptions
+
+    if not 1 <= args.ngram_min <= args.ngram_max:
+        _fail(f"need 1 <= --ngram-min <= --ngram-max, got {args.ngram_min} and {args.ngram_max}")
+    return StrategyOptions(ngram_max=args.ngram_max, ngram_min=args.ngram_min)
+
+
+def _load_models(args: argparse.Namespace, strategies: list[str], progress: bool):
+    """Load the target, and the draft if any strategy needs one; check they form a pair."""
+    from verispec.models.load import check_pair, load
+    from verispec.strategies import get
+
+    try:
+        need_draft = any(get(s).needs_draft for s in strategies)
+    except ValueError as e:
+        _fail(str(e))
+    target = load(args.target, dtype=args.dtype, progress=progress)
+    draft = None
+    if need_draft:
+        draft_dtype = args.draft_dtype or ("int8" if args.dtype == "bfloat16" else args.dtype)
+        draft = load(args.draft, dtype=draft_dtype, progress=progress)
+        check_pair(target, draft)
+    return target, draft
+
+
 def build_parser() -> argparse.ArgumentParser:
     from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -35,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     gen = sub.add_parser("generate", help="generate text from a prompt, speculatively")
     gen.add_argument("prompt", help="the prompt text ('-' reads standard input)")
-    gen.add_argument("--target", default=DEFAULT_TARGET, help="HF directory, .gguf file or packaged name (default: %(default)s)")
-    gen.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model, same forms (default: %(default)s)")
+    _model_args(gen, DEFAULT_TARGET, DEFAULT_DRAFT)
+    gen.add_argument("--strategy", default="draft", help=f"drafting method: {_strategy_help()} (default: %(default)s)")
     gen.add_argument("--gamma", type=int, default=4, help="tokens drafted per round (default: %(default)s)")
     gen.add_argument("--temperature", type=_finite, default=0.0, help="0 = greedy (default: %(default)s)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -45,12 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    gen.add_argument("--no-speculate", action="store_true", help="plain decoding with the target alone")
-    gen.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                     help="the target's precision; output is lossless relative to the target as run (default: %(default)s)")
-    gen.add_argument("--draft-dtype", choices=["bfloat16", "float32", "int8"], default=None,
-                     help="the draft's precision; it never changes the output distribution (default: int8 with a "
-                          "bfloat16 target, else the target's)")
+    gen.add_argument("--no-speculate", action="store_true", help="plain decoding with the target alone (= --strategy ar)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     th = sub.add_parser("theory", help="expected tokens per round, predicted speedup and the optimal gamma")
     th.add_argument("--alpha", type=_finite, default=None, help="acceptance rate in [0, 1]")
@@ -96,24 +135,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     from verispec.cache import CacheFullError
     from verispec.engine import Generation, stream
-    from verispec.models.load import check_pair, default_threads, load
+    from verispec.models.load import default_threads
     from verispec.models.tokenizer import TextStream
-    from verispec.proposers.draft_model import DraftModelProposer
+    from verispec.strategies import make_proposer
 
     params = _params(args)
+    strategy = "ar" if args.no_speculate else args.strategy
+    options = _options(args)
     default_threads()
     progress = sys.stderr.isatty()
-    target = load(args.target, dtype=args.dtype, progress=progress)
+    target, draft = _load_models(args, [strategy], progress)
     tok = target.tokenizer
     prompt = tok.chat(args.prompt) if args.chat else tok.encode(args.prompt)
     params = dataclasses.replace(params, eos_ids=tok.eos_ids)
-    proposer = None
-    if not args.no_speculate:
-        draft_dtype = args.draft_dtype or ("int8" if args.dtype == "bfloat16" else args.dtype)
-        draft = load(args.draft, dtype=draft_dtype, progress=progress)
-        check_pair(target, draft)
-        max_len = len(prompt) + params.max_new_tokens + params.gamma + 2
-        proposer = DraftModelProposer(draft.model, max_len, vocab_size=target.model.vocab_size)
+    proposer = make_proposer(strategy, target, draft, len(prompt) + params.max_new_tokens + params.gamma + 2, options)
     text = TextStream(tok, args.stop)
     result = Generation()
     try:
@@ -136,7 +171,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "text": text.text,
             "token_ids": result.token_ids,
             "finish_reason": result.finish_reason,
-            "strategy": "ar" if proposer is None else "draft",
+            "strategy": strategy,
             "metrics": metrics,
         }))
     else:
