@@ -62,6 +62,16 @@ def _timed(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch.
     return out, time.perf_counter() - t0
 
 
+def _extra_layout(g: int, proposal, device: torch.device) -> dict[str, torch.Tensor]:
+    """Positions and mask for one forward over [pending] + chain (causal) + the proposal's extra tokens."""
+    e = proposal.extra.numel()
+    positions = torch.cat([torch.arange(g + 1), proposal.extra_positions.to(torch.long).cpu()])
+    mask = torch.zeros(g + 1 + e, g + 1 + e, dtype=torch.bool)
+    mask[: g + 1, : g + 1] = torch.ones(g + 1, g + 1, dtype=torch.bool).tril()
+    mask[g + 1 :] = proposal.extra_mask.to(torch.bool).cpu()
+    return {"positions": positions.to(device), "tree_mask": mask.to(device)}
+
+
 def stream(
     target: CausalLM,
     prompt: list[int],
@@ -83,15 +93,17 @@ def stream(
     if len(prompt) + params.max_new_tokens > cache.max_len:
         raise ValueError(f"prompt ({len(prompt)}) + max new tokens exceeds the model's context ({cache.max_len})")
 
-    def forward(tokens: list[int], last_n: int | None = None) -> torch.Tensor:
+    def forward(tokens: list[int], last_n: int | None = None, **tree) -> torch.Tensor:
         x = torch.tensor([tokens], dtype=torch.long, device=device)
-        return target.forward(x, cache, last_n=last_n)[0]  # [T, V]
+        return target.forward(x, cache, last_n=last_n, **tree)[0]  # [T, V]
 
     if len(prompt) > 1:
         _, metrics.prefill_seconds = _timed(lambda: forward(prompt[:-1], last_n=1), device)
         cache.commit(len(prompt) - 1)
     pending = prompt[-1]
     if proposer is not None:
+        if hasattr(proposer, "bind_target_cache"):
+            proposer.bind_target_cache(cache)
         proposer.reset(prompt)
 
     out = result.token_ids
@@ -104,7 +116,14 @@ def stream(
         else:
             proposal, draft = None, torch.empty(0, dtype=torch.long, device=device)
         g = draft.numel()
-        logits, seconds = _timed(lambda: forward([pending] + draft.tolist()), device)  # [g + 1, V]
+        chain = [pending] + draft.tolist()
+        if proposal is not None and proposal.extra is not None and proposal.extra.numel():
+            tree = _extra_layout(g, proposal, device)
+            logits, seconds = _timed(lambda: forward(chain + proposal.extra.tolist(), **tree), device)
+            logits, extra_logits = logits[: g + 1], logits[g + 1 :]
+        else:
+            logits, seconds = _timed(lambda: forward(chain), device)  # [g + 1, V]
+            extra_logits = None
         metrics.target_seconds += seconds
         if sampling.greedy:
             verified = verify_greedy(draft[None], logits.argmax(-1)[None])
@@ -119,7 +138,9 @@ def stream(
         emitted = verified.tokens[0, : n + 1].tolist()
         cache.commit(n + 1)  # pending + the accepted drafts; the recovered/bonus token is the new pending
         pending = emitted[-1]
-        if proposer is not None:
+        if extra_logits is not None:
+            proposer.observe(n, emitted, extra_logits=extra_logits)
+        elif proposer is not None:
             proposer.observe(n, emitted)
 
         # Stop conditions, applied to what this round emitted.

@@ -156,17 +156,35 @@ class LlamaModel(nn.Module):
         )
 
     @torch.inference_mode()
-    def forward(self, tokens: Tensor, cache: KVCache, *, last_n: int | None = None) -> Tensor:
+    def forward(
+        self,
+        tokens: Tensor,
+        cache: KVCache,
+        *,
+        last_n: int | None = None,
+        positions: Tensor | None = None,
+        tree_mask: Tensor | None = None,
+        layers: int | None = None,
+    ) -> Tensor:
+        """The CausalLM forward, plus three options the proposers need:
+
+        positions  [T] offsets from cache.length (default 0..T-1): tokens of parallel branches share positions
+        tree_mask  [T, T] bool, which new tokens each new token sees (default causal); the prefix is always seen
+        layers     run only the first `layers` blocks, then the final norm and LM head (self-speculation)
+        """
         t = tokens.shape[1]
         start = cache.length
-        cos = self.cos[start : start + t].to(self.dtype)
-        sin = self.sin[start : start + t].to(self.dtype)
-        # Query i (absolute position start + i) sees keys 0 .. start + i. A single token sees everything.
-        mask = None
-        if t > 1:
+        pos = slice(start, start + t) if positions is None else (start + positions).to(self.cos.device)
+        cos, sin = self.cos[pos].to(self.dtype), self.sin[pos].to(self.dtype)
+        if tree_mask is not None:
+            seen = torch.ones(t, start, dtype=torch.bool, device=tokens.device)
+            mask = torch.cat([seen, tree_mask.to(device=tokens.device, dtype=torch.bool)], dim=1)
+        elif t > 1:  # query i (absolute position start + i) sees keys 0 .. start + i
             mask = torch.ones(t, start + t, dtype=torch.bool, device=tokens.device).tril(start)
+        else:  # a single token sees everything
+            mask = None
         x = self.embed(tokens)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.layers[: len(self.layers) if layers is None else layers]):
             x = layer(x, i, cache, cos, sin, mask)
         if last_n is not None:
             x = x[:, -last_n:]
