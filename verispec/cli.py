@@ -11,12 +11,15 @@ from typing import NoReturn
 from verispec.models.errors import ModelError
 
 
+__all__ = ["main", "build_parser", "fail"]
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        _fail(message)
+        fail(message)
 
 
-def _fail(message: str) -> NoReturn:
+def fail(message: str) -> NoReturn:
     print(f"verispec: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
@@ -26,6 +29,12 @@ def _finite(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"not a finite number: {text}")
     return value
+
+
+def _strategy_names() -> list[str]:
+    from verispec.strategies import STRATEGIES
+
+    return list(STRATEGIES)
 
 
 def _strategy_help() -> str:
@@ -50,7 +59,7 @@ def _options(args: argparse.Namespace):
     from verispec.strategies import StrategyOptions
 
     if not 1 <= args.ngram_min <= args.ngram_max:
-        _fail(f"need 1 <= --ngram-min <= --ngram-max, got {args.ngram_min} and {args.ngram_max}")
+        fail(f"need 1 <= --ngram-min <= --ngram-max, got {args.ngram_min} and {args.ngram_max}")
     return StrategyOptions(ngram_max=args.ngram_max, ngram_min=args.ngram_min)
 
 
@@ -62,7 +71,7 @@ def _load_models(args: argparse.Namespace, strategies: list[str], progress: bool
     try:
         need_draft = any(get(s).needs_draft for s in strategies)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     target = load(args.target, dtype=args.dtype, progress=progress)
     draft = None
     if need_draft:
@@ -91,16 +100,34 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--no-speculate", action="store_true", help="plain decoding with the target alone (= --strategy ar)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    b = sub.add_parser("bench", help="measure strategies side by side (and peers) on a prompt suite; writes a report")
+    _model_args(b, DEFAULT_TARGET, DEFAULT_DRAFT)
+    b.add_argument("--strategies", default="ar,draft", help=f"comma list of: {', '.join(_strategy_names())} (ar is always run: it is the baseline; default: %(default)s)")
+    b.add_argument("--gamma", default="2,4,6", help="comma list of gammas for the drafting strategies (default: %(default)s)")
+    b.add_argument("--temperature", default="0", help="comma list of temperatures, 0 = greedy (default: %(default)s)")
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--prompts", default="suite", help="'suite' (the packaged prompt suite) or a JSON Lines file with 'prompt' (or 'messages') and optional 'category'")
+    b.add_argument("--categories", default=None, help="comma list of categories to run (default: all)")
+    b.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
+    b.add_argument("--repeats", type=int, default=1, help="times each configuration runs on each prompt")
+    b.add_argument("--peers", default="", help="comma list of peers to run beside ours: hf (transformers plain and assisted generation), llama.cpp (plain and prompt lookup; needs llama-cpp-python)")
+    b.add_argument("--seed", type=int, default=0, help="base seed of the sampled runs")
+    b.add_argument("--costs", action="store_true", help="also measure the target's verification-cost curve (1-16 tokens) and the memory-bandwidth limit")
+    b.add_argument("--no-warmup", action="store_true", help="skip the warm-up pass (first calls are slower)")
+    b.add_argument("--out", default="bench-report", help="directory for report.json, report.md, runs.jsonl and plots (default: %(default)s)")
     th = sub.add_parser("theory", help="expected tokens per round, predicted speedup and the optimal gamma")
     th.add_argument("--alpha", type=_finite, default=None, help="acceptance rate in [0, 1]")
     th.add_argument("--gamma", type=int, default=4, help="tokens drafted per round (default: %(default)s)")
     th.add_argument("--c", type=_finite, default=0.2, help="draft cost / target cost per forward (default: %(default)s)")
+    th.add_argument("--report", default=None, help="a bench report.json (or its directory): the gamma its measured alpha and c call for, next to the gamma that measured best")
     return parser
 
 
 def cmd_theory(args: argparse.Namespace) -> int:
     from verispec.theory import expected_tokens, optimal_gamma, predicted_speedup, table
 
+    if args.report is not None:
+        return _theory_of_report(args.report)
     try:
         if args.alpha is not None:
             print(f"alpha {args.alpha}, gamma {args.gamma}, c {args.c}: "
@@ -109,7 +136,30 @@ def cmd_theory(args: argparse.Namespace) -> int:
                   f"optimal gamma {optimal_gamma(args.alpha, args.c)}")
         print(table([0.5, 0.7, 0.85, 0.95], [1, 2, 3, 4, 5, 6, 8], args.c))
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
+    return 0
+
+
+def _theory_of_report(path_text: str) -> int:
+    from pathlib import Path
+
+    path = Path(path_text)
+    path = path / "report.json" if path.is_dir() else path
+    try:
+        theory = json.loads(path.read_text())["theory"]
+    except FileNotFoundError:
+        fail(f"no bench report at {path}")
+    except (json.JSONDecodeError, KeyError, TypeError):
+        fail(f"{path} is not a verispec bench report")
+    if not theory:
+        print("the report has no drafting strategy with measured acceptance")
+    for t in theory:
+        print(f"{t['strategy']}, T={t['temperature']}: measured alpha {t['alpha']:.3f}, c {t['c']:.3f} -> "
+              f"theory's optimal gamma {t['optimal_gamma']}; best measured gamma {t['best_measured_gamma']}")
+        for g in t["per_gamma"]:
+            print(f"  gamma {g['gamma']}: alpha {g['alpha']:.3f}, mean accepted length predicted "
+                  f"{g['predicted_mean_accepted_length']:.2f} / measured {g['measured_mean_accepted_length']}, "
+                  f"speedup predicted {g['predicted_speedup']:.2f}x / measured {g['measured_speedup']}x")
     return 0
 
 
@@ -120,14 +170,14 @@ def _params(args: argparse.Namespace):
     if args.prompt == "-":
         args.prompt = sys.stdin.read()
     if not args.prompt.strip():
-        _fail("the prompt is empty")
+        fail("the prompt is empty")
     try:
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
         return GenerationParams(
             max_new_tokens=args.max_new_tokens, gamma=args.gamma, sampling=sampling, seed=args.seed
         )
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -163,7 +213,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     except (ValueError, CacheFullError) as e:  # e.g. prompt + max new tokens beyond the model's context
         if not args.json:
             print(text.flush(), flush=True)  # keep what was already generated on screen
-        _fail(str(e))
+        fail(str(e))
     tail = text.flush()
     metrics = result.metrics.to_dict() if result.metrics else {}
     if args.json:
@@ -188,10 +238,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return cmd_generate(args)
+        if args.command == "bench":
+            from verispec.bench.command import cmd_bench
+
+            return cmd_bench(args)
         if args.command == "theory":
             return cmd_theory(args)
     except ModelError as e:
-        _fail(str(e))
+        fail(str(e))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

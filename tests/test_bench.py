@@ -1,0 +1,218 @@
+"""The bench's statistics, run order, report schema, and the command end to end on tiny models."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.test_cli import run_inline
+from tests.tiny_hf import make_tiny_hf_dir
+from verispec.bench.report import ALL, summarize, theory_rows, write_report
+from verispec.bench.runner import Config, Run, run_bench
+from verispec.bench.stats import geomean, median, percentile, schedule
+from verispec.bench.suite import BenchPrompt
+from verispec.theory import expected_tokens
+
+
+# ---- statistics ---------------------------------------------------------------------------------------------
+def test_geomean_known_values():
+    assert geomean([2.0, 0.5]) == pytest.approx(1.0)
+    assert geomean([1.0, 2.0, 4.0]) == pytest.approx(2.0)
+    assert geomean([3.0]) == pytest.approx(3.0)
+    assert geomean([]) is None
+    with pytest.raises(ValueError):
+        geomean([1.0, 0.0])
+
+
+def test_percentile_matches_numpy():
+    rng = random.Random(0)
+    for n in (1, 2, 3, 10, 101, 1000):
+        xs = [rng.expovariate(1.0) for _ in range(n)]
+        for q in (0, 1, 50, 90, 99, 100):
+            assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+    assert percentile(list(range(1, 101)), 99) == pytest.approx(99.01)
+    assert median([1, 2, 3, 4]) == 2.5
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_schedule_interleaves_and_rotates():
+    n_prompts, n_configs, repeats = 4, 3, 2
+    order = schedule(n_prompts, n_configs, repeats)
+    assert len(order) == n_prompts * n_configs * repeats
+    blocks = [order[i : i + n_configs] for i in range(0, len(order), n_configs)]
+    for b in blocks:  # a block is one prompt and repeat, every configuration once, back to back
+        assert len({(p, r) for p, r, _ in b}) == 1
+        assert sorted(c for _, _, c in b) == list(range(n_configs))
+    # repeats are the outer loop: all prompts once before any runs twice
+    assert [b[0][:2] for b in blocks] == [(p, r) for r in range(repeats) for p in range(n_prompts)]
+    # the first configuration rotates, so over n_configs blocks each one starts once
+    assert sorted(b[0][2] for b in blocks[:n_configs]) == list(range(n_configs))
+    assert schedule(2, 3, 1) == [(0, 0, 0), (0, 0, 1), (0, 0, 2), (1, 0, 1), (1, 0, 2), (1, 0, 0)]
+
+
+# ---- summaries from synthetic runs --------------------------------------------------------------------------
+AR = Config("verispec", "ar", 0, 0.0)
+D2 = Config("verispec", "draft", 2, 0.0)
+HF_AR = Config("hf", "ar", 0, 0.0)
+HF_AS = Config("hf", "assisted", 2, 0.0)
+
+
+def _run(config: Config, prompt: str, seconds: float, tokens: list[int], *, cat: str = "code", drafted=None,
+         accepted=None, rounds=None, per_pos=((), ()), c=None) -> Run:
+    n = len(tokens)
+    arrivals = [(seconds * (i + 1) / n, 1) for i in range(n)]
+    return Run(prompt_id=prompt, category=cat, config=config, rep=0, token_ids=tokens, seconds=seconds,
+               arrivals=arrivals, rounds=rounds, drafted=drafted, accepted=accepted,
+               drafted_per_position=list(per_pos[0]), accepted_per_position=list(per_pos[1]), c=c)
+
+
+def test_token_latencies_spread_a_gap_over_the_tokens_it_brought():
+    r = Run("p", "c", AR, 0, [1] * 6, 1.0, arrivals=[(0.1, 2), (0.3, 1), (0.6, 3)])
+    assert r.ttft == 0.1
+    assert r.token_latencies() == pytest.approx([0.2, 0.1, 0.1, 0.1])
+
+
+def test_summary_ratios_pooling_and_differences():
+    toks = list(range(10))
+    runs = [
+        _run(AR, "a", 10.0, toks), _run(AR, "b", 10.0, toks, cat="chat"),
+        # prompt a: 2x faster, same output; prompt b: 0.5x, a different output
+        _run(D2, "a", 5.0, toks, drafted=8, accepted=6, rounds=4, per_pos=((4, 4), (4, 2)), c=0.2),
+        _run(D2, "b", 20.0, toks[:-1] + [99], cat="chat", drafted=4, accepted=1, rounds=2, per_pos=((2, 2), (1, 0)), c=0.4),
+        _run(HF_AR, "a", 20.0, toks), _run(HF_AR, "b", 40.0, toks, cat="chat"),
+        _run(HF_AS, "a", 10.0, toks, rounds=5), _run(HF_AS, "b", 10.0, toks, cat="chat", rounds=5),
+    ]
+    rows = {(r.config.label, r.category): r for r in summarize(runs, [AR, D2, HF_AR, HF_AS])}
+    d = rows[("draft γ=2", ALL)]
+    assert d.runs == 2
+    assert d.speedup_geomean == pytest.approx(1.0)  # sqrt(2 * 0.5)
+    assert d.speedup_median == pytest.approx(1.25)
+    assert d.alpha == pytest.approx(7 / 12)  # pooled: (6 + 1) / (8 + 4)
+    assert d.mean_accepted_length == pytest.approx(20 / 6)
+    assert d.per_position == pytest.approx([5 / 6, 2 / 6])
+    assert d.tokens_per_s == pytest.approx(20 / 25)
+    assert d.c == pytest.approx(0.3)
+    assert d.differ == 1
+    assert rows[("draft γ=2", "code")].speedup_geomean == pytest.approx(2.0)
+    assert rows[("draft γ=2", "chat")].differ == 1
+    assert rows[("ar", ALL)].speedup_geomean == pytest.approx(1.0)
+    hf = rows[("hf assisted γ=2", ALL)]
+    assert hf.own_speedup_geomean == pytest.approx(math.sqrt(2 * 4))  # over hf's own plain decoding
+    assert hf.speedup_geomean == pytest.approx(1.0)  # over ours
+    assert hf.alpha is None and hf.mean_accepted_length == pytest.approx(2.0)
+    assert rows[("ar", ALL)].latency_p50_ms == pytest.approx(1000.0)
+
+
+def test_theory_rows_predict_from_measured_alpha():
+    runs = [_run(AR, "a", 10.0, list(range(12)))]
+    for g, secs in ((2, 6.0), (4, 4.0)):
+        cfg = Config("verispec", "draft", g, 0.0)
+        runs.append(_run(cfg, "a", secs, list(range(12)), drafted=10 * g, accepted=8 * g, rounds=4, c=0.25))
+    (t,) = theory_rows(summarize(runs, [AR] + [r.config for r in runs[1:]]))
+    assert t["strategy"] == "draft" and t["best_measured_gamma"] == 4
+    g2 = t["per_gamma"][0]
+    assert g2["alpha"] == pytest.approx(0.8)
+    assert g2["predicted_mean_accepted_length"] == pytest.approx(expected_tokens(0.8, 2), abs=1e-3)
+    assert t["optimal_gamma"] >= 2
+
+
+def test_report_schema(tmp_path: Path):
+    runs = [_run(AR, "a", 10.0, [1, 2]), _run(D2, "a", 5.0, [1, 2], drafted=2, accepted=1, rounds=1, c=0.2)]
+    paths = write_report(tmp_path, runs, [AR, D2], {"started": "now"})
+    report = json.loads(paths["json"].read_text())
+    assert set(report) >= {"meta", "summary", "theory", "runs"}
+    row = next(r for r in report["summary"] if r["config"] == "draft γ=2" and r["category"] == ALL)
+    for key in ("tokens_per_s", "alpha", "mean_accepted_length", "per_position_acceptance", "speedup_median",
+                "speedup_geomean", "latency_p50_ms", "latency_p99_ms", "ttft_ms", "differ_from_ar", "c"):
+        assert key in row
+    assert len(report["runs"]) == 2 and report["runs"][1]["token_ids"] == [1, 2]
+    for name in ("speedup_vs_gamma", "accepted_length_vs_theory", "acceptance_by_position"):
+        assert paths[name].stat().st_size > 1000
+    assert "| draft γ=2 |" in paths["md"].read_text()
+
+
+def test_interrupt_keeps_what_was_measured():
+    class Backend:
+        calls = 0
+
+        def run(self, config, prompt, max_new_tokens, seed):
+            Backend.calls += 1
+            if Backend.calls > 3:
+                raise KeyboardInterrupt
+            return _run(config, "x", 1.0, [1])
+
+    prompts = [BenchPrompt(id=f"p{i}", category="c", messages=({"role": "user", "content": "x"},)) for i in range(3)]
+    out = run_bench(prompts, lambda p: [1], [AR, D2], {"verispec": Backend()}, max_new_tokens=4, warmup=False,
+                    progress=False)
+    assert out.interrupted and len(out.runs) == 3
+    assert [(r.prompt_id, r.config.label) for r in out.runs] == [("p0", "ar"), ("p0", "draft γ=2"), ("p1", "draft γ=2")]
+
+
+# ---- the command on tiny models -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    target = make_tiny_hf_dir(root / "target", seed=0)
+    return target, make_tiny_hf_dir(root / "draft", seed=1, noise_from=target)
+
+
+@pytest.fixture()
+def prompts_file(tmp_path: Path) -> Path:
+    lines = [{"prompt": "def x ( a ) :", "category": "code"}, {"prompt": "if a + 1 :", "category": "code"},
+             {"prompt": "print ( y )", "category": "chat"}]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def test_bench_command_end_to_end(pair, prompts_file, tmp_path, capsys):
+    target, draft = pair
+    out = tmp_path / "report"
+    code, stdout, err = run_inline(
+        capsys, "bench", "--target", str(target), "--draft", str(draft), "--dtype", "float32",
+        "--strategies", "draft", "--gamma", "1,3", "--temperature", "0,1", "--max-new-tokens", "12",
+        "--prompts", str(prompts_file), "--peers", "hf", "--out", str(out),
+    )
+    assert code == 0, err
+    report = json.loads((out / "report.json").read_text())
+    labels = {(r["config"], r["temperature"]) for r in report["summary"]}
+    for t in (0.0, 1.0):
+        assert {("ar", t), ("draft γ=1", t), ("draft γ=3", t), ("hf ar", t), ("hf assisted γ=1", t)} <= labels
+    assert len(report["runs"]) == 2 * 6 * 3  # 2 temperatures x 6 configurations x 3 prompts
+    assert len((out / "runs.jsonl").read_text().splitlines()) == len(report["runs"])
+    for row in report["summary"]:
+        if row["system"] == "verispec" and row["temperature"] == 0:
+            assert row["differ_from_ar"] == 0, row  # greedy speculation reproduces plain decoding
+        if row["strategy"] == "draft":
+            assert 0 <= row["alpha"] <= 1
+    assert {r["category"] for r in report["summary"]} == {"code", "chat", ALL}
+    assert "## greedy: all prompts" in stdout and "## temperature 1.0: all prompts" in stdout
+    assert (out / "speedup_vs_gamma.png").exists()
+    # the theory command reads the report back
+    code, stdout, _ = run_inline(capsys, "theory", "--report", str(out))
+    assert code == 0 and "draft, T=0.0: measured alpha" in stdout
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--gamma", "0"], "--gamma values must be >= 1"),
+    (["--gamma", "a,b"], "--gamma: expected a comma-separated list"),
+    (["--temperature", "3"], "in [0, 2]"),
+    (["--temperature", "nan"], "in [0, 2]"),
+    (["--peers", "vllm"], "unknown peer 'vllm'"),
+    (["--strategies", "magic"], "unknown strategy 'magic'"),
+    (["--prompts", "/nonexistent/p.jsonl"], "does not exist"),
+    (["--repeats", "0"], "must be >= 1"),
+])
+def test_bench_bad_input_is_one_line(pair, flags, message, tmp_path, capsys):
+    target, draft = pair
+    code, _, err = run_inline(capsys, "bench", "--target", str(target), "--draft", str(draft), "--out",
+                              str(tmp_path / "r"), *flags)
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1, err

@@ -1,0 +1,167 @@
+"""`verispec bench`: parse the lists, load models and peers, run interleaved, write the report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verispec.bench.runner import LLAMA_CPP_HINT, Config, HFBackend, LlamaCppBackend, Run, VerispecBackend, run_bench
+from verispec.cli import _load_models, _options, fail
+
+PEERS = ("hf", "llama.cpp")
+
+
+def _list(text: str, kind, name: str) -> list:
+    try:
+        items = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        fail(f"--{name}: expected a comma-separated list, got {text!r}")
+    if not items:
+        fail(f"--{name} is empty")
+    return list(dict.fromkeys(items))
+
+
+def build_configs(strategies: list[str], gammas: list[int], temperatures: list[float], peers: list[str]) -> list[Config]:
+    """Ours first (ar, then each drafting strategy at each gamma), then the peers', for every temperature."""
+    configs: list[Config] = []
+    for t in temperatures:
+        configs.append(Config("verispec", "ar", 0, t))
+        configs += [Config("verispec", s, g, t) for s in strategies if s != "ar" for g in gammas]
+        if "hf" in peers:
+            configs.append(Config("hf", "ar", 0, t))
+            configs += [Config("hf", "assisted", g, t) for g in gammas]
+        if "llama.cpp" in peers:
+            configs.append(Config("llama.cpp", "ar", 0, t))
+            configs += [Config("llama.cpp", "prompt_lookup", g, t) for g in gammas]
+    return configs
+
+
+def _gguf_path(spec: str) -> Path | None:
+    """The GGUF file behind a model spec, for llama.cpp (None for a Hugging Face directory)."""
+    from verispec.models.packaged import PACKAGED, assemble
+
+    if spec in PACKAGED:
+        return assemble(PACKAGED[spec], progress=False)
+    path = Path(spec).expanduser()
+    return path if path.is_file() and path.suffix == ".gguf" else None
+
+
+def _machine() -> dict[str, Any]:
+    cpu = platform.processor()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version()}
+
+
+def measure_costs(model, progress: bool, context: int = 512, reps: int = 5) -> dict[str, Any]:
+    from verispec.bench.costs import bandwidth_limit, verification_curve
+
+    if progress:
+        print("measuring the verification-cost curve and the bandwidth limit...", file=sys.stderr)
+    curve = verification_curve(model, context=context, reps=reps)
+    return {"context": context, "reps": reps, "verification_curve": curve,
+            "bandwidth": bandwidth_limit(model, step_ms=curve[0]["ms"])}
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from verispec.bench.report import write_report
+    from verispec.bench.suite import load_prompts
+    from verispec.models.load import default_threads, resolve
+    from verispec.strategies import get
+
+    strategies = _list(args.strategies, str, "strategies")
+    for s in strategies:
+        try:
+            get(s)
+        except ValueError as e:
+            fail(str(e))
+    gammas = _list(args.gamma, int, "gamma")
+    temperatures = _list(args.temperature, float, "temperature")
+    peers = _list(args.peers, str, "peers") if args.peers.strip() else []
+    if any(g < 1 for g in gammas):
+        fail("--gamma values must be >= 1")
+    if any(not math.isfinite(t) or not 0 <= t <= 2 for t in temperatures):
+        fail("--temperature values must be finite and in [0, 2]")
+    for p in peers:
+        if p not in PEERS:
+            fail(f"unknown peer {p!r}; choose from {', '.join(PEERS)}")
+    if args.repeats < 1 or args.max_new_tokens < 1 or (args.limit is not None and args.limit < 1):
+        fail("--repeats, --max-new-tokens and --limit must be >= 1")
+    options = _options(args)
+    categories = _list(args.categories, str, "categories") if args.categories else None
+    try:
+        prompts = load_prompts(args.prompts, categories=categories, limit=args.limit)
+    except (ValueError, OSError) as e:
+        fail(str(e))
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create the output directory {out}: {e.strerror}")
+
+    default_threads()
+    progress = sys.stderr.isatty()
+    target, draft = _load_models(args, strategies, progress)
+    tok = target.tokenizer
+    backends: dict[str, Any] = {"verispec": VerispecBackend(target, draft, tok.eos_ids, options)}
+    if "hf" in peers:
+        draft_dir = draft.path if draft is not None else resolve(args.draft, progress=progress)
+        backends["hf"] = HFBackend(target.path, draft_dir, tok.eos_ids, tok.hf.pad_token_id,
+                                   torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
+    if "llama.cpp" in peers:
+        gguf = _gguf_path(args.target)
+        if not LlamaCppBackend.available():
+            print(LLAMA_CPP_HINT, file=sys.stderr)
+            peers.remove("llama.cpp")
+        elif gguf is None:
+            print("llama.cpp peer skipped: the target is not a GGUF file or a packaged model", file=sys.stderr)
+            peers.remove("llama.cpp")
+        else:
+            backends["llama.cpp"] = LlamaCppBackend(gguf, tok.eos_ids, threads=torch.get_num_threads())
+    configs = build_configs(strategies, gammas, temperatures, peers)
+
+    meta: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": "verispec " + " ".join(sys.argv[1:]) if sys.argv and "verispec" in sys.argv[0] else "verispec bench",
+        "target": f"{args.target} ({args.dtype})",
+        "draft": None if draft is None else f"{args.draft} ({args.draft_dtype or ('int8' if args.dtype == 'bfloat16' else args.dtype)})",
+        "prompts": f"{args.prompts}: {len(prompts)} prompts in {len({p.category for p in prompts})} categories",
+        "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+        "machine": _machine(), "order": "interleaved per prompt, rotating start; warm-up excluded",
+    }
+    runs_log = out / "runs.jsonl"
+    runs_log.write_text("")
+
+    def log(run: Run) -> None:  # every run is on disk as soon as it is measured
+        with runs_log.open("a") as f:
+            f.write(json.dumps(run.to_dict(), ensure_ascii=False) + "\n")
+
+    print(f"bench: {len(configs)} configurations x {len(prompts)} prompts x {args.repeats} repeats "
+          f"= {len(configs) * len(prompts) * args.repeats} runs", file=sys.stderr)
+    result = run_bench(prompts, lambda p: tok.chat(list(p.messages)), configs, backends,
+                       max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed,
+                       warmup=not args.no_warmup, progress=progress, on_run=log)
+    meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    if result.interrupted:
+        meta["interrupted"] = f"stopped by Ctrl-C after {len(result.runs)} runs"
+    if result.errors:
+        meta["errors"] = result.errors
+    extra = {}
+    if args.costs and not result.interrupted:
+        extra["costs"] = measure_costs(target.model, progress)
+    paths = write_report(out, result.runs, configs, meta, extra)
+    print(paths["md"].read_text())
+    print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+    return 130 if result.interrupted else 0

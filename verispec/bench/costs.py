@@ -1,0 +1,95 @@
+"""What a target forward costs: the verification-cost curve and the memory-bandwidth limit of a decoding step.
+
+Speculation pays only while verifying k tokens costs about what one token costs (the step is memory-bound:
+every weight is read once whatever k is). The curve says where that stops, so gamma is not chosen beyond the
+flat part; the bandwidth limit says how far plain decoding is from what the hardware allows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from verispec.bench.stats import median
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def verification_curve(model, *, context: int = 512, sizes: Sequence[int] = (1, 2, 4, 8, 16), reps: int = 5,
+                       seed: int = 0) -> list[dict[str, Any]]:
+    """Median seconds of one target forward over k new tokens on top of a `context`-token cache."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = model.vocab_size
+    cache = model.new_cache(context + max(sizes) + 1)
+    model.forward(torch.randint(vocab, (1, context), generator=gen).to(model.device), cache, last_n=1)
+    cache.commit(context)
+    out = []
+    for k in sizes:
+        x = torch.randint(vocab, (1, k), generator=gen).to(model.device)
+        model.forward(x, cache)  # warm-up at this size; commits nothing, so the cache stays at `context`
+        times = []
+        for _ in range(reps):
+            _sync(model.device)
+            t0 = time.perf_counter()
+            model.forward(x, cache)
+            _sync(model.device)
+            times.append(time.perf_counter() - t0)
+        out.append({"tokens": k, "ms": 1000 * median(times)})
+    base = out[0]["ms"]
+    for row in out:
+        row["relative_to_1"] = row["ms"] / base
+        row["ms"] = round(row["ms"], 2)
+        row["relative_to_1"] = round(row["relative_to_1"], 3)
+    return out
+
+
+def weight_bytes_per_token(model) -> int:
+    """Bytes of weights a one-token forward reads: every parameter except the embedding table (one row of it
+    is read) — and the LM head counts fully even when tied to the embedding."""
+    total = 0
+    seen: set[int] = set()
+    embed = getattr(model, "embed", None)
+    for name, p in model.named_parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        if embed is not None and p is embed.weight and getattr(model, "lm_head", None) is not None \
+                and model.lm_head.weight is not p:
+            total += p.shape[-1] * p.element_size()  # one row
+            continue
+        total += p.numel() * p.element_size()
+    for name, b in model.named_buffers():  # int8 weights and their scales live in buffers
+        if name.endswith(("weight", "scale", "scales", "qweight")):
+            total += b.numel() * b.element_size()
+    return total
+
+
+def read_bandwidth(size_mb: int = 512, reps: int = 5) -> float:
+    """Bytes per second of reading a large buffer once (a sum over it), the best of `reps`."""
+    x = torch.ones(size_mb * 2**20 // 4, dtype=torch.float32)
+    x.sum()  # touch the pages
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * x.element_size() / best
+
+
+def bandwidth_limit(model, step_ms: float | None = None) -> dict[str, Any]:
+    """The fastest a decoding step could be if it only streamed the weights once at measured bandwidth."""
+    nbytes = weight_bytes_per_token(model)
+    bw = read_bandwidth()
+    limit_ms = 1000 * nbytes / bw
+    out = {"weight_bytes": nbytes, "read_bandwidth_gb_s": round(bw / 1e9, 2), "limit_ms_per_token": round(limit_ms, 2),
+           "limit_tokens_per_s": round(1000 / limit_ms, 2)}
+    if step_ms is not None:
+        out["measured_step_ms"] = round(step_ms, 2)
+        out["step_over_limit"] = round(step_ms / limit_ms, 2)
+    return out

@@ -1,0 +1,346 @@
+"""Run every configuration on the same prompts, interleaved, in one process; ours and peers alike.
+
+A configuration is (system, strategy, gamma, temperature). Each system is a small backend with one method,
+`run(config, prompt_ids, max_new_tokens, seed) -> Run`, that times what a streaming user sees: when each
+token arrived. Peers (Hugging Face transformers, llama.cpp) get the same token ids, the same number of new
+tokens and the same end-of-sequence ids, and their sampling is reduced to plain temperature like ours.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from verispec.bench.stats import schedule
+from verispec.bench.suite import BenchPrompt
+
+
+@dataclass(frozen=True)
+class Config:
+    system: str  # "verispec" | "hf" | "llama.cpp"
+    strategy: str  # ours: a verispec strategy; hf: "ar" | "assisted"; llama.cpp: "ar" | "prompt_lookup"
+    gamma: int  # tokens proposed per round; 0 for plain decoding
+    temperature: float
+
+    @property
+    def label(self) -> str:
+        name = self.strategy if self.system == "verispec" else f"{self.system} {self.strategy}"
+        return name + (f" γ={self.gamma}" if self.gamma else "")
+
+    @property
+    def plain(self) -> bool:
+        return self.strategy == "ar"
+
+
+@dataclass
+class Run:
+    """One measured generation. Per-position counts and rounds are None where a peer does not expose them."""
+
+    prompt_id: str
+    category: str
+    config: Config
+    rep: int
+    token_ids: list[int]
+    seconds: float
+    arrivals: list[tuple[float, int]]  # (seconds since start, tokens that arrived then)
+    rounds: int | None = None  # target forwards while decoding (one per round)
+    drafted: int | None = None
+    accepted: int | None = None
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    c: float | None = None
+    finish_reason: str | None = None
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def ttft(self) -> float | None:
+        return self.arrivals[0][0] if self.arrivals else None
+
+    def token_latencies(self) -> list[float]:
+        """Seconds per token after the first arrival: a gap of g that brought k tokens counts k times g / k."""
+        out: list[float] = []
+        for (t0, _), (t1, k) in zip(self.arrivals, self.arrivals[1:]):
+            out += [(t1 - t0) / k] * k
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_id": self.prompt_id, "category": self.category, "config": self.config.label,
+            "system": self.config.system, "strategy": self.config.strategy, "gamma": self.config.gamma,
+            "temperature": self.config.temperature, "rep": self.rep, "new_tokens": self.new_tokens,
+            "seconds": round(self.seconds, 4), "tokens_per_s": round(self.tokens_per_s, 3),
+            "ttft_s": None if self.ttft is None else round(self.ttft, 4), "rounds": self.rounds,
+            "drafted": self.drafted, "accepted": self.accepted,
+            "drafted_per_position": self.drafted_per_position, "accepted_per_position": self.accepted_per_position,
+            "c": None if self.c is None else round(self.c, 4), "finish_reason": self.finish_reason,
+            "arrivals": [[round(t, 5), k] for t, k in self.arrivals], "token_ids": self.token_ids,
+        }
+
+
+class Backend(Protocol):
+    def run(self, config: Config, prompt: list[int], max_new_tokens: int, seed: int) -> Run: ...
+
+
+def _timed_tokens(chunks: Iterable[list[int]], limit: int | None = None, merge_s: float = 0.0):
+    """Drain an iterator of token chunks -> (tokens, arrivals, seconds). Arrivals closer than merge_s to the
+    previous one are counted with it (a peer that yields the tokens of one verification one by one)."""
+    tokens: list[int] = []
+    arrivals: list[tuple[float, int]] = []
+    t0 = time.perf_counter()
+    for chunk in chunks:
+        now = time.perf_counter() - t0
+        if limit is not None:
+            chunk = chunk[: limit - len(tokens)]
+        if not chunk:
+            continue
+        tokens += chunk
+        if arrivals and now - arrivals[-1][0] < merge_s:
+            arrivals[-1] = (arrivals[-1][0], arrivals[-1][1] + len(chunk))
+        else:
+            arrivals.append((now, len(chunk)))
+        if limit is not None and len(tokens) >= limit:
+            break
+    return tokens, arrivals, time.perf_counter() - t0
+
+
+# ---- ours ---------------------------------------------------------------------------------------------------
+class VerispecBackend:
+    def __init__(self, target, draft, eos_ids: Sequence[int], options=None) -> None:
+        from verispec.strategies import StrategyOptions
+
+        self.target, self.draft, self.eos_ids = target, draft, tuple(eos_ids)
+        self.options = options or StrategyOptions()
+
+    def run(self, config: Config, prompt: list[int], max_new_tokens: int, seed: int) -> Run:
+        from verispec.engine import Generation, GenerationParams, stream
+        from verispec.sampling import SamplingParams
+        from verispec.strategies import make_proposer
+
+        gamma = max(config.gamma, 1)
+        params = GenerationParams(
+            max_new_tokens=max_new_tokens, gamma=gamma, sampling=SamplingParams(temperature=config.temperature),
+            seed=seed, eos_ids=self.eos_ids,
+        )
+        proposer = make_proposer(
+            config.strategy, self.target, self.draft, len(prompt) + max_new_tokens + gamma + 2, self.options
+        )
+        result = Generation()
+        tokens, arrivals, seconds = _timed_tokens(stream(self.target.model, prompt, params, proposer, result=result))
+        m = result.metrics
+        return Run(
+            prompt_id="", category="", config=config, rep=0, token_ids=tokens, seconds=seconds, arrivals=arrivals,
+            rounds=m.rounds, drafted=m.drafted if proposer else None, accepted=m.accepted if proposer else None,
+            drafted_per_position=m.drafted_per_position, accepted_per_position=m.accepted_per_position,
+            c=m.c, finish_reason=result.finish_reason,
+        )
+
+
+# ---- Hugging Face transformers ------------------------------------------------------------------------------
+class HFBackend:
+    """transformers' own `generate`: plain, and assisted generation with the draft as `assistant_model`.
+
+    The models load from the same converted directories as ours, in the same dtype (bfloat16 unless told).
+    """
+
+    def __init__(self, target_dir, draft_dir, eos_ids: Sequence[int], pad_id: int | None, dtype: torch.dtype) -> None:
+        self.target_dir, self.draft_dir, self.dtype = target_dir, draft_dir, dtype
+        self.eos_ids, self.pad_id = list(eos_ids), pad_id
+        self._models: dict[str, Any] = {}
+
+    def _model(self, path) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        key = str(path)
+        if key not in self._models:
+            self._models[key] = AutoModelForCausalLM.from_pretrained(key, dtype=self.dtype).eval()
+        return self._models[key]
+
+    def run(self, config: Config, prompt: list[int], max_new_tokens: int, seed: int) -> Run:
+        from transformers import GenerationConfig
+        from transformers.generation.streamers import BaseStreamer
+
+        model = self._model(self.target_dir)
+        sampled = config.temperature > 0
+        gen = GenerationConfig(
+            max_new_tokens=max_new_tokens, do_sample=sampled, temperature=config.temperature if sampled else None,
+            top_k=None, top_p=None, min_p=None, repetition_penalty=None, eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+        )
+        kwargs: dict[str, Any] = {}
+        if config.strategy == "assisted":
+            if self.draft_dir is None:
+                raise ValueError("hf assisted generation needs a draft model")
+            gen.num_assistant_tokens = config.gamma
+            gen.num_assistant_tokens_schedule = "constant"
+            gen.assistant_confidence_threshold = 0.0  # draft exactly gamma tokens, as our rounds do
+            kwargs["assistant_model"] = self._model(self.draft_dir)
+        elif config.strategy != "ar":
+            raise ValueError(f"unknown hf strategy {config.strategy!r}")
+
+        chunks: list[tuple[float, list[int]]] = []
+        t0 = time.perf_counter()
+
+        class Timer(BaseStreamer):
+            first = True
+
+            def put(self, value: torch.Tensor) -> None:
+                if self.first:  # generate() hands the prompt over first
+                    self.first = False
+                    return
+                chunks.append((time.perf_counter() - t0, value.reshape(-1).tolist()))
+
+            def end(self) -> None:
+                pass
+
+        torch.manual_seed(seed)
+        ids = torch.tensor([prompt], dtype=torch.long)
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen, streamer=Timer(), **kwargs)
+        seconds = time.perf_counter() - t0
+        tokens = [t for _, c in chunks for t in c]
+        finish = "eos" if tokens and tokens[-1] in self.eos_ids else "length"
+        if finish == "eos":
+            tokens = tokens[:-1]  # ours does not count the end-of-sequence token as output
+        arrivals = [(t, len(c)) for t, c in chunks if c]
+        return Run(
+            prompt_id="", category="", config=config, rep=0, token_ids=tokens, seconds=seconds,
+            arrivals=arrivals, rounds=len(chunks), finish_reason=finish,
+        )
+
+
+# ---- llama.cpp ----------------------------------------------------------------------------------------------
+LLAMA_CPP_HINT = (
+    "llama.cpp peer skipped: llama-cpp-python is not installed (pip install llama-cpp-python; it compiles "
+    "llama.cpp, ~10 min on 2 cores)"
+)
+
+
+class LlamaCppBackend:
+    """llama-cpp-python on the same GGUF file: plain decoding, and its prompt-lookup drafting."""
+
+    def __init__(self, gguf_path, eos_ids: Sequence[int], threads: int, n_ctx: int = 4096) -> None:
+        self.path, self.eos_ids, self.threads, self.n_ctx = str(gguf_path), set(eos_ids), threads, n_ctx
+        self._llms: dict[int, Any] = {}
+
+    @staticmethod
+    def available() -> bool:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def _llm(self, gamma: int) -> Any:
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        if gamma not in self._llms:
+            import llama_cpp.llama_cpp as lib
+
+            draft = LlamaPromptLookupDecoding(num_pred_tokens=gamma) if gamma else None
+            # llama.cpp's AMX weight repacking ("extra buffer types") crashes in llama_decode on this kind of
+            # machine (seen with llama-cpp-python 0.3.36, AMX-capable Xeon VM); its AVX-512 kernels run fine.
+            # Llama() reads the default model params, so switch that one flag off while it is built.
+            defaults = lib.llama_model_default_params
+
+            def no_repack():
+                params = defaults()
+                params.use_extra_bufts = False
+                return params
+
+            lib.llama_model_default_params = no_repack
+            try:
+                self._llms[gamma] = Llama(
+                    model_path=self.path, n_ctx=self.n_ctx, n_threads=self.threads, n_threads_batch=self.threads,
+                    draft_model=draft, verbose=False,
+                )
+            finally:
+                lib.llama_model_default_params = defaults
+        return self._llms[gamma]
+
+    def run(self, config: Config, prompt: list[int], max_new_tokens: int, seed: int) -> Run:
+        if config.strategy not in ("ar", "prompt_lookup"):
+            raise ValueError(f"unknown llama.cpp strategy {config.strategy!r}")
+        llm = self._llm(config.gamma if config.strategy == "prompt_lookup" else 0)
+        llm.set_seed(seed)
+        llm.reset()
+        finish = "length"
+
+        def tokens() -> Iterable[list[int]]:
+            nonlocal finish
+            it = llm.generate(
+                prompt, temp=config.temperature, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, repeat_penalty=1.0,
+                reset=True,
+            )
+            for tok in it:
+                if tok in self.eos_ids:
+                    finish = "eos"
+                    return
+                yield [tok]
+
+        toks, arrivals, seconds = _timed_tokens(tokens(), limit=max_new_tokens, merge_s=0.002)
+        return Run(
+            prompt_id="", category="", config=config, rep=0, token_ids=toks, seconds=seconds, arrivals=arrivals,
+            finish_reason=finish,
+        )
+
+
+# ---- the run ------------------------------------------------------------------------------------------------
+@dataclass
+class BenchRun:
+    runs: list[Run]
+    interrupted: bool = False
+    errors: list[str] = field(default_factory=list)
+
+
+def run_bench(
+    prompts: Sequence[BenchPrompt],
+    encode: Callable[[BenchPrompt], list[int]],
+    configs: Sequence[Config],
+    backends: dict[str, Backend],
+    *,
+    max_new_tokens: int,
+    repeats: int = 1,
+    seed: int = 0,
+    warmup: bool = True,
+    progress: bool = True,
+    on_run: Callable[[Run], None] | None = None,
+) -> BenchRun:
+    """Every configuration on every prompt, interleaved; Ctrl-C stops and returns what was measured."""
+    from tqdm import tqdm
+
+    out = BenchRun(runs=[])
+    ids = [encode(p) for p in prompts]
+    order = schedule(len(prompts), len(configs), repeats)
+    try:
+        if warmup and prompts:  # first calls pay for lazy loading, allocator growth, kernel selection
+            for config in tqdm(configs, desc="warm-up", disable=not progress, file=sys.stderr, leave=False):
+                backends[config.system].run(config, ids[0], min(8, max_new_tokens), seed)
+        bar = tqdm(order, desc="bench", unit="run", disable=not progress, file=sys.stderr)
+        for p, rep, c in bar:
+            config, prompt = configs[c], prompts[p]
+            bar.set_postfix_str(f"{prompt.id} {config.label} T={config.temperature}")
+            try:
+                run = backends[config.system].run(config, ids[p], max_new_tokens, seed + 1000 * rep + p)
+            except (RuntimeError, ValueError) as e:  # one failing peer must not lose the whole bench
+                out.errors.append(f"{config.label} T={config.temperature} on {prompt.id}: {e}")
+                continue
+            run.prompt_id, run.category, run.rep = prompt.id, prompt.category, rep
+            out.runs.append(run)
+            if on_run is not None:
+                on_run(run)
+    except KeyboardInterrupt:
+        out.interrupted = True
+    return out
