@@ -31,14 +31,21 @@ def _list(text: str, kind, name: str) -> list:
 
 
 def build_configs(strategies: list[str], gammas: list[int], temperatures: list[float], peers: list[str]) -> list[Config]:
-    """Ours first (ar, then each drafting strategy at each gamma), then the peers', for every temperature."""
+    """Ours first (ar, then each drafting strategy at each gamma), then the peers', for every temperature.
+    transformers runs assisted generation when a strategy of ours uses the draft model, and its prompt lookup
+    when one uses n-grams; llama.cpp runs its prompt lookup (its Python API has no draft-model mode)."""
+    from verispec.strategies import get
+
     configs: list[Config] = []
     for t in temperatures:
         configs.append(Config("verispec", "ar", 0, t))
         configs += [Config("verispec", s, g, t) for s in strategies if s != "ar" for g in gammas]
         if "hf" in peers:
             configs.append(Config("hf", "ar", 0, t))
-            configs += [Config("hf", "assisted", g, t) for g in gammas]
+            if any(get(s).needs_draft for s in strategies):
+                configs += [Config("hf", "assisted", g, t) for g in gammas]
+            if any("ngram" in s for s in strategies):
+                configs += [Config("hf", "prompt_lookup", g, t) for g in gammas]
         if "llama.cpp" in peers:
             configs.append(Config("llama.cpp", "ar", 0, t))
             configs += [Config("llama.cpp", "prompt_lookup", g, t) for g in gammas]
@@ -78,7 +85,7 @@ def measure_costs(model, progress: bool, context: int = 512, reps: int = 5) -> d
 def cmd_bench(args: argparse.Namespace) -> int:
     from verispec.bench.report import write_report
     from verispec.bench.suite import load_prompts
-    from verispec.models.load import default_threads, resolve
+    from verispec.models.load import default_threads
     from verispec.strategies import get
 
     strategies = _list(args.strategies, str, "strategies")
@@ -117,9 +124,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     tok = target.tokenizer
     backends: dict[str, Any] = {"verispec": VerispecBackend(target, draft, tok.eos_ids, options)}
     if "hf" in peers:
-        draft_dir = draft.path if draft is not None else resolve(args.draft, progress=progress)
-        backends["hf"] = HFBackend(target.path, draft_dir, tok.eos_ids, tok.hf.pad_token_id,
-                                   torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
+        backends["hf"] = HFBackend(target.path, None if draft is None else draft.path, tok.eos_ids, tok.hf.pad_token_id,
+                                   torch.bfloat16 if args.dtype == "bfloat16" else torch.float32,
+                                   ngram_max=options.ngram_max)
     if "llama.cpp" in peers:
         gguf = _gguf_path(args.target)
         if not LlamaCppBackend.available():

@@ -23,7 +23,7 @@ from verispec.bench.suite import BenchPrompt
 @dataclass(frozen=True)
 class Config:
     system: str  # "verispec" | "hf" | "llama.cpp"
-    strategy: str  # ours: a verispec strategy; hf: "ar" | "assisted"; llama.cpp: "ar" | "prompt_lookup"
+    strategy: str  # ours: a verispec strategy; hf: "ar" | "assisted" | "prompt_lookup"; llama.cpp: "ar" | "prompt_lookup"
     gamma: int  # tokens proposed per round; 0 for plain decoding
     temperature: float
 
@@ -154,8 +154,9 @@ class HFBackend:
     The models load from the same converted directories as ours, in the same dtype (bfloat16 unless told).
     """
 
-    def __init__(self, target_dir, draft_dir, eos_ids: Sequence[int], pad_id: int | None, dtype: torch.dtype) -> None:
-        self.target_dir, self.draft_dir, self.dtype = target_dir, draft_dir, dtype
+    def __init__(self, target_dir, draft_dir, eos_ids: Sequence[int], pad_id: int | None, dtype: torch.dtype,
+                 ngram_max: int = 3) -> None:
+        self.target_dir, self.draft_dir, self.dtype, self.ngram_max = target_dir, draft_dir, dtype, ngram_max
         self.eos_ids, self.pad_id = list(eos_ids), pad_id
         self._models: dict[str, Any] = {}
 
@@ -186,6 +187,9 @@ class HFBackend:
             gen.num_assistant_tokens_schedule = "constant"
             gen.assistant_confidence_threshold = 0.0  # draft exactly gamma tokens, as our rounds do
             kwargs["assistant_model"] = self._model(self.draft_dir)
+        elif config.strategy == "prompt_lookup":
+            gen.prompt_lookup_num_tokens = config.gamma
+            gen.max_matching_ngram_size = self.ngram_max
         elif config.strategy != "ar":
             raise ValueError(f"unknown hf strategy {config.strategy!r}")
 
