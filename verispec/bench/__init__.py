@@ -1,0 +1,1 @@
+"""`verispec bench`: a prompt suite, interleaved timed runs of ours and peers, and the report."""
