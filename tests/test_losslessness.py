@@ -22,6 +22,7 @@ positions of long chains (residuals at draft positions 0..2 and the draft's cach
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,7 @@ from scipy import stats
 from tests.conftest import fresh_logits
 from verispec.engine import Generation, GenerationParams, stream
 from verispec.models.llama import LlamaModel
+from verispec.proposers.base import Proposer
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.sampling import SamplingParams, logits_to_probs
 from verispec.verify import Verified, verify_chain
@@ -49,19 +51,19 @@ T07_P09 = SamplingParams(temperature=0.7, top_p=0.9)
 
 
 # ---- exact law, noise floor, statistics ---------------------------------------------------------------------
-def exact_law(target: LlamaModel, sampling: SamplingParams) -> np.ndarray:
-    """P(y1, y2, y3 | PROMPT) under the processed target, as a float64 [V, V, V] array (by enumeration)."""
+def exact_law(target: LlamaModel, sampling: SamplingParams, prompt: list[int] = PROMPT) -> np.ndarray:
+    """P(y1, y2, y3 | prompt) under the processed target, as a float64 [V, V, V] array (by enumeration)."""
     V = target.vocab_size
 
     def probs(seq: list[int]) -> np.ndarray:
         return logits_to_probs(fresh_logits(target, seq)[-1], sampling).double().numpy()
 
     law = np.zeros((V, V, V))
-    p0 = probs(PROMPT)
+    p0 = probs(prompt)
     for a in range(V):
-        p1 = probs(PROMPT + [a])
+        p1 = probs(prompt + [a])
         for b in range(V):
-            law[a, b] = p0[a] * p1[b] * probs(PROMPT + [a, b])
+            law[a, b] = p0[a] * p1[b] * probs(prompt + [a, b])
     assert abs(law.sum() - 1.0) < 1e-5
     return law
 
@@ -117,17 +119,23 @@ class Run:
 
 
 def sample_engine(target: LlamaModel, draft: LlamaModel | None, sampling: SamplingParams, gamma: int,
-                  seed_base: int, verifier=verify_chain, n: int = N) -> Run:
+                  seed_base: int, verifier=verify_chain, n: int = N, prompt: list[int] = PROMPT,
+                  make_proposer: Callable[[int], Proposer] | None = None) -> Run:
+    """make_proposer(max_len), if given, replaces the DraftModelProposer over `draft` (other proposers' tests)."""
     V = target.vocab_size
     counts = np.zeros((V,) * W, dtype=np.int64)
     max_new = max(W, gamma + 1)
     accepted = drafted = 0
     for i in range(n):
         params = GenerationParams(max_new_tokens=max_new, gamma=gamma, sampling=sampling, seed=seed_base + i)
-        proposer = None if draft is None else DraftModelProposer(draft, len(PROMPT) + max_new + gamma + 2)
+        max_len = len(prompt) + max_new + gamma + 2
+        if make_proposer is not None:
+            proposer = make_proposer(max_len)
+        else:
+            proposer = None if draft is None else DraftModelProposer(draft, max_len)
         res = Generation()
         out: list[int] = []
-        for new in stream(target, PROMPT, params, proposer, result=res, verifier=verifier):
+        for new in stream(target, prompt, params, proposer, result=res, verifier=verifier):
             out += new
             if len(out) >= W:
                 break

@@ -51,8 +51,8 @@ def _model_args(p: argparse.ArgumentParser, default_target: str, default_draft: 
     p.add_argument("--draft-dtype", choices=["bfloat16", "float32", "int8"], default=None,
                    help="the draft's precision; it never changes the output distribution (default: int8 with a "
                         "bfloat16 target, else the target's)")
-    p.add_argument("--ngram-max", type=int, default=3, help="longest suffix n-gram matched (ngram strategies)")
-    p.add_argument("--ngram-min", type=int, default=1, help="shortest suffix n-gram matched (ngram strategies)")
+    p.add_argument("--ngram-max", type=int, default=3, help="longest suffix n-gram matched (ngram strategies; default: %(default)s)")
+    p.add_argument("--ngram-min", type=int, default=2, help="shortest suffix n-gram matched; draft+ngram uses the n-gram proposal from this length on (default: %(default)s)")
 
 
 def _options(args: argparse.Namespace):

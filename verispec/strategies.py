@@ -9,9 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
 from verispec.proposers.base import Proposer
 from verispec.proposers.draft_model import DraftModelProposer
+from verispec.proposers.layerskip import LayerSkipProposer, load_calibration, model_id
+from verispec.proposers.lookahead import LookaheadProposer
+from verispec.proposers.mix import DraftNgramProposer
+from verispec.proposers.ngram import NgramProposer
 
 
 @dataclass(frozen=True)
@@ -19,7 +24,11 @@ class StrategyOptions:
     """Knobs some strategies read; each ignores the ones it has no use for."""
 
     ngram_max: int = 3
-    ngram_min: int = 1
+    ngram_min: int = 2  # a 1-token match is a weak guess, and verifying it costs a wider forward
+    layerskip_layers: int | None = None  # None: the saved calibration for the target, else half its layers
+    lookahead_window: int = 5  # W: Jacobi window columns
+    lookahead_ngram: int = 3  # N: n-gram size (window levels + 1)
+    lookahead_candidates: int = 5  # G: pool continuations kept per first token
 
 
 @dataclass(frozen=True)
@@ -36,11 +45,47 @@ def _draft(target: LoadedModel, draft: LoadedModel | None, max_len: int, options
     return DraftModelProposer(draft.model, max_len, vocab_size=target.model.vocab_size)
 
 
+def _native(target: LoadedModel, strategy: str) -> LlamaModel:
+    if not isinstance(target.model, LlamaModel):
+        raise ValueError(
+            f"strategy {strategy!r} needs a native Llama-family target (llama/qwen2/mistral); "
+            f"{target.name} runs through {type(target.model).__name__}"
+        )
+    return target.model
+
+
+def _layerskip(target: LoadedModel, draft: LoadedModel | None, max_len: int, options: StrategyOptions) -> Proposer:
+    model = _native(target, "layerskip")
+    layers = options.layerskip_layers
+    if layers is None:
+        saved = load_calibration(None, model_id(target))
+        layers = saved["best_layers"] if saved else max(1, model.cfg.num_hidden_layers // 2)
+    return LayerSkipProposer(model, layers)
+
+
+def _lookahead(target: LoadedModel, draft: LoadedModel | None, max_len: int, options: StrategyOptions) -> Proposer:
+    _native(target, "lookahead")  # the window needs positions and a tree mask in the target forward
+    return LookaheadProposer(options.lookahead_window, options.lookahead_ngram, options.lookahead_candidates)
+
+
+def _ngram(target: LoadedModel, draft: LoadedModel | None, max_len: int, options: StrategyOptions) -> Proposer:
+    return NgramProposer(options.ngram_max, options.ngram_min)
+
+
+def _draft_ngram(target: LoadedModel, draft: LoadedModel | None, max_len: int, options: StrategyOptions) -> Proposer:
+    ngram = NgramProposer(options.ngram_max, options.ngram_min)
+    return DraftNgramProposer(_draft(target, draft, max_len, options), ngram, min_match=options.ngram_min)
+
+
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in [
         Strategy("ar", False, "plain autoregressive decoding with the target alone", lambda *a: None),
         Strategy("draft", True, "a separate, smaller draft model", _draft),
+        Strategy("layerskip", False, "self-speculation: the target's first layers draft (no draft model)", _layerskip),
+        Strategy("lookahead", False, "lookahead decoding: Jacobi window + n-gram pool (no draft model)", _lookahead),
+        Strategy("ngram", False, "prompt lookup: copy what followed the last match of the suffix (no model)", _ngram),
+        Strategy("draft+ngram", True, "prompt lookup when the suffix matches, else the draft model", _draft_ngram),
     ]
 }
 
