@@ -139,3 +139,47 @@ def test_prompt_beyond_the_context_is_one_line(pair, capsys):
                               "--max-new-tokens", "100")
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and "context" in err
+
+
+@pytest.mark.parametrize("strategy, extra", [
+    ("ngram", ["--ngram-max", "4", "--ngram-min", "1"]),
+    ("layerskip", ["--layers", "1"]),
+    ("lookahead", ["--window", "3", "--lookahead-ngram", "3", "--lookahead-candidates", "2"]),
+    ("draft+ngram", []),
+])
+def test_every_strategy_from_the_cli_equals_plain(pair, capsys, strategy, extra):
+    spec = gen_json(pair, capsys, "--strategy", strategy, "--gamma", "3", *extra)
+    plain = gen_json(pair, capsys, "--strategy", "ar")
+    assert spec["strategy"] == strategy
+    assert spec["token_ids"] == plain["token_ids"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--strategy", "layerskip", "--layers", "0"], "--layers"),
+    (["--strategy", "lookahead", "--window", "0"], "--window"),
+    (["--strategy", "nope"], "unknown strategy"),
+])
+def test_bad_strategy_options(pair, capsys, args, needle):
+    target, draft = pair
+    code, _, err = run_inline(capsys, "generate", "hi", "--target", str(target), "--draft", str(draft), *args)
+    assert code == 2
+    assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_calibrate_layerskip_saves_a_choice_that_generate_uses(pair, capsys, tmp_path):
+    target, _ = pair
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f ( x ) :", "category": "code"}\n{"prompt": "a b c a b", "category": "code"}\n')
+    out = tmp_path / "cal.json"
+    code, stdout, err = run_inline(capsys, "calibrate-layerskip", "--target", str(target), "--dtype", "float32",
+                                   "--prompts", str(prompts), "--categories", "code", "--limit", "2",
+                                   "--candidates", "1", "--max-new-tokens", "8", "--out", str(out))
+    assert code == 0, err
+    assert "best: 1 of" in stdout
+    saved = json.loads(out.read_text())
+    (entry,) = saved.values()
+    assert entry["best_layers"] == 1 and entry["prompts"] == 2
+    assert [r["layers"] for r in entry["results"]] == [1]
+    code, _, err = run_inline(capsys, "calibrate-layerskip", "--target", str(target), "--candidates", "99",
+                              "--prompts", str(prompts), "--categories", "code", "--out", str(out))
+    assert code == 2 and "--candidates" in err

@@ -53,6 +53,12 @@ def _model_args(p: argparse.ArgumentParser, default_target: str, default_draft: 
                         "bfloat16 target, else the target's)")
     p.add_argument("--ngram-max", type=int, default=3, help="longest suffix n-gram matched (ngram strategies; default: %(default)s)")
     p.add_argument("--ngram-min", type=int, default=2, help="shortest suffix n-gram matched; draft+ngram uses the n-gram proposal from this length on (default: %(default)s)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="layerskip: draft with the target's first LAYERS blocks (default: the saved "
+                        "`verispec calibrate-layerskip` choice for the target, else half its layers)")
+    p.add_argument("--window", type=int, default=5, help="lookahead: Jacobi window width W (default: %(default)s)")
+    p.add_argument("--lookahead-ngram", type=int, default=3, help="lookahead: n-gram size N, window levels + 1 (default: %(default)s)")
+    p.add_argument("--lookahead-candidates", type=int, default=5, help="lookahead: pool n-grams kept per first token, G (default: %(default)s)")
 
 
 def _options(args: argparse.Namespace):
@@ -60,7 +66,18 @@ def _options(args: argparse.Namespace):
 
     if not 1 <= args.ngram_min <= args.ngram_max:
         fail(f"need 1 <= --ngram-min <= --ngram-max, got {args.ngram_min} and {args.ngram_max}")
-    return StrategyOptions(ngram_max=args.ngram_max, ngram_min=args.ngram_min)
+    if args.layers is not None and args.layers < 1:
+        fail(f"--layers must be at least 1, got {args.layers}")
+    if args.window < 1 or args.lookahead_ngram < 2 or args.lookahead_candidates < 1:
+        fail("need --window >= 1, --lookahead-ngram >= 2 and --lookahead-candidates >= 1")
+    return StrategyOptions(
+        ngram_max=args.ngram_max,
+        ngram_min=args.ngram_min,
+        layerskip_layers=args.layers,
+        lookahead_window=args.window,
+        lookahead_ngram=args.lookahead_ngram,
+        lookahead_candidates=args.lookahead_candidates,
+    )
 
 
 def _load_models(args: argparse.Namespace, strategies: list[str], progress: bool):
@@ -115,6 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--costs", action="store_true", help="also measure the target's verification-cost curve (1-16 tokens) and the memory-bandwidth limit")
     b.add_argument("--no-warmup", action="store_true", help="skip the warm-up pass (first calls are slower)")
     b.add_argument("--out", default="bench-report", help="directory for report.json, report.md, runs.jsonl and plots (default: %(default)s)")
+    cal = sub.add_parser("calibrate-layerskip", help="measure layerskip depths on a few prompts and save the fastest for the target")
+    cal.add_argument("--target", default=DEFAULT_TARGET, help="HF directory, .gguf file or packaged name (default: %(default)s)")
+    cal.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="the target's precision (default: %(default)s)")
+    cal.add_argument("--candidates", default=None, help="comma list of depths to try (default: six between 1/8 and 3/4 of the layers)")
+    cal.add_argument("--gamma", type=int, default=4, help="tokens drafted per round (default: %(default)s)")
+    cal.add_argument("--max-new-tokens", type=int, default=64)
+    cal.add_argument("--prompts", default="suite", help="'suite' or a JSON Lines prompt file, as in bench")
+    cal.add_argument("--categories", default="code_completion,code_instruct,multi_turn", help="comma list of categories (default: %(default)s)")
+    cal.add_argument("--limit", type=int, default=1, help="prompts per category (default: %(default)s)")
+    cal.add_argument("--out", default=None, help="calibration JSON file (default: layerskip-calibration.json in the cache directory)")
     th = sub.add_parser("theory", help="expected tokens per round, predicted speedup and the optimal gamma")
     th.add_argument("--alpha", type=_finite, default=None, help="acceptance rate in [0, 1]")
     th.add_argument("--gamma", type=int, default=4, help="tokens drafted per round (default: %(default)s)")
@@ -233,6 +260,51 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 130 if result.finish_reason == "interrupted" else 0
 
 
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        fail(f"{flag} takes a comma list of integers, got {text!r}")
+    if not values or min(values) < 1:
+        fail(f"{flag} needs positive integers, got {text!r}")
+    return values
+
+
+def cmd_calibrate_layerskip(args: argparse.Namespace) -> int:
+    from verispec.bench.suite import load_prompts
+    from verispec.models.load import default_threads, load
+    from verispec.proposers.layerskip import calibrate, model_id, save_calibration
+
+    candidates = _int_list(args.candidates, "--candidates") if args.candidates else None
+    if args.gamma < 1 or args.max_new_tokens < 1 or args.limit < 1:
+        fail("--gamma, --max-new-tokens and --limit must be at least 1")
+    categories = [c for c in args.categories.split(",") if c] if args.categories else None
+    try:
+        items = load_prompts(args.prompts, categories=categories, limit=args.limit)
+    except (ValueError, OSError) as e:
+        fail(str(e))
+    default_threads()
+    target = load(args.target, dtype=args.dtype, progress=sys.stderr.isatty())
+    n = getattr(getattr(target.model, "cfg", None), "num_hidden_layers", None)
+    if candidates and n is not None and max(candidates) >= n:
+        fail(f"--candidates must be below the target's {n} layers")
+    prompts = [target.tokenizer.chat(list(p.messages)) for p in items]
+    print(f"calibrating layerskip on {len(prompts)} prompts, {args.max_new_tokens} new tokens each, gamma {args.gamma}",
+          file=sys.stderr)
+    try:
+        result = calibrate(target, prompts, candidates, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
+                           log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except ValueError as e:
+        fail(str(e))
+    path = save_calibration(args.out, model_id(target), result)
+    best = next(r for r in result["results"] if r["layers"] == result["best_layers"])
+    print(f"best: {result['best_layers']} of {result['num_layers']} layers, {best['speedup']:.2f}x plain decoding "
+          f"({best['tokens_per_s']:.2f} vs {result['plain_tokens_per_s']:.2f} tok/s); saved to {path}")
+    if best["speedup"] < 1:
+        print("no depth beats plain decoding on this model: prefer another strategy", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -244,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_bench(args)
         if args.command == "theory":
             return cmd_theory(args)
+        if args.command == "calibrate-layerskip":
+            return cmd_calibrate_layerskip(args)
     except ModelError as e:
         fail(str(e))
     except KeyboardInterrupt:
