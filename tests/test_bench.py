@@ -200,7 +200,28 @@ def test_bench_command_end_to_end(pair, prompts_file, tmp_path, capsys):
     assert code == 0 and "draft, T=0.0: measured alpha" in stdout
 
 
+def test_bench_synthetic_on_random_weights(pair, prompts_file, tmp_path, capsys):
+    """random:DIR + --synthetic: the GPU speed mode. Acceptance follows the error rate asked for, and greedy
+    output still equals plain decoding."""
+    target, draft = pair
+    out = tmp_path / "report"
+    code, _, err = run_inline(
+        capsys, "bench", "--target", f"random:{target}", "--draft", f"random:{draft}", "--dtype", "float32",
+        "--strategies", "draft", "--gamma", "4", "--max-new-tokens", "60", "--synthetic", "0",
+        "--prompts", str(prompts_file), "--out", str(out), "--no-warmup",
+    )
+    assert code == 0, err
+    report = json.loads((out / "report.json").read_text())
+    row = next(r for r in report["summary"] if r["config"] == "draft γ=4" and r["category"] == ALL)
+    assert row["alpha"] == 1.0 and row["differ_from_ar"] == 0
+    assert "synthetic" in report["meta"]
+
+
 @pytest.mark.parametrize("flags, message", [
+    (["--synthetic", "0.2", "--temperature", "0.7"], "greedy only"),
+    (["--synthetic", "2"], "error rate in [0, 1]"),
+    (["--synthetic", "0.2", "--peers", "hf"], "drop --peers"),
+    (["--device", "tpu"], "--device must be"),
     (["--gamma", "0"], "--gamma values must be >= 1"),
     (["--gamma", "a,b"], "--gamma: expected a comma-separated list"),
     (["--temperature", "3"], "in [0, 2]"),

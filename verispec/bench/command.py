@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from verispec.bench.runner import LLAMA_CPP_HINT, Config, HFBackend, LlamaCppBackend, Run, VerispecBackend, run_bench
-from verispec.cli import _load_models, _options, fail
+from verispec.cli import _load_models, _options, draft_dtype, fail
 
 PEERS = ("hf", "llama.cpp")
 
@@ -68,8 +68,11 @@ def _machine() -> dict[str, Any]:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "python": platform.python_version()}
+    out = {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "torch": torch.__version__,
+           "torch_threads": torch.get_num_threads(), "python": platform.python_version()}
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name()
+    return out
 
 
 def measure_costs(model, progress: bool, context: int = 512, reps: int = 5) -> dict[str, Any]:
@@ -80,6 +83,17 @@ def measure_costs(model, progress: bool, context: int = 512, reps: int = 5) -> d
     curve = verification_curve(model, context=context, reps=reps)
     return {"context": context, "reps": reps, "verification_curve": curve,
             "bandwidth": bandwidth_limit(model, step_ms=curve[0]["ms"])}
+
+
+def _references(target, prompts: list[list[int]], max_new_tokens: int, progress: bool) -> dict[tuple[int, ...], list[int]]:
+    """The target's greedy continuation of each prompt, before any timing: what synthetic drafts copy."""
+    from verispec.engine import GenerationParams, generate
+
+    if progress:
+        print(f"synthetic acceptance: computing the target's greedy output for {len(prompts)} prompts...",
+              file=sys.stderr)
+    params = GenerationParams(max_new_tokens=max_new_tokens, eos_ids=tuple(target.tokenizer.eos_ids))
+    return {tuple(p): generate(target.model, p, params).token_ids for p in prompts}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -107,6 +121,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.max_new_tokens < 1 or (args.limit is not None and args.limit < 1):
         fail("--repeats, --max-new-tokens and --limit must be >= 1")
     options = _options(args)
+    if args.synthetic is not None:
+        if not 0 <= args.synthetic <= 1:
+            fail(f"--synthetic takes an error rate in [0, 1], got {args.synthetic}")
+        if temperatures != [0.0]:
+            fail("--synthetic is for greedy only: use --temperature 0")
+        if peers:
+            fail("--synthetic applies to our strategies only: drop --peers")
     categories = _list(args.categories, str, "categories") if args.categories else None
     try:
         prompts = load_prompts(args.prompts, categories=categories, limit=args.limit)
@@ -122,7 +143,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty()
     target, draft = _load_models(args, strategies, progress)
     tok = target.tokenizer
-    backends: dict[str, Any] = {"verispec": VerispecBackend(target, draft, tok.eos_ids, options)}
+    encode = lambda p: tok.chat(list(p.messages))  # noqa: E731
+    synthetic = None
+    if args.synthetic is not None:
+        synthetic = (args.synthetic, _references(target, [encode(p) for p in prompts], args.max_new_tokens, progress))
+    backends: dict[str, Any] = {"verispec": VerispecBackend(target, draft, tok.eos_ids, options, synthetic=synthetic)}
     if "hf" in peers:
         backends["hf"] = HFBackend(target.path, None if draft is None else draft.path, tok.eos_ids, tok.hf.pad_token_id,
                                    torch.bfloat16 if args.dtype == "bfloat16" else torch.float32,
@@ -143,7 +168,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": "verispec " + " ".join(sys.argv[1:]) if sys.argv and "verispec" in sys.argv[0] else "verispec bench",
         "target": f"{args.target} ({args.dtype})",
-        "draft": None if draft is None else f"{args.draft} ({args.draft_dtype or ('int8' if args.dtype == 'bfloat16' else args.dtype)})",
+        "draft": None if draft is None else f"{args.draft} ({draft_dtype(args)})",
+        "device": args.device,
         "prompts": f"{args.prompts}: {len(prompts)} prompts in {len({p.category for p in prompts})} categories",
         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
         "machine": _machine(), "order": "interleaved per prompt, rotating start; warm-up excluded",
@@ -157,7 +183,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     print(f"bench: {len(configs)} configurations x {len(prompts)} prompts x {args.repeats} repeats "
           f"= {len(configs) * len(prompts) * args.repeats} runs", file=sys.stderr)
-    result = run_bench(prompts, lambda p: tok.chat(list(p.messages)), configs, backends,
+    if synthetic is not None:
+        meta["synthetic"] = (f"draft tokens replaced by the target's own greedy tokens, each wrong with probability "
+                             f"{args.synthetic} (the drafts' cost is still paid)")
+    result = run_bench(prompts, encode, configs, backends,
                        max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed,
                        warmup=not args.no_warmup, progress=progress, on_run=log)
     meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")

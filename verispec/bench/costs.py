@@ -70,14 +70,17 @@ def weight_bytes_per_token(model) -> int:
     return total
 
 
-def read_bandwidth(size_mb: int = 512, reps: int = 5) -> float:
+def read_bandwidth(size_mb: int = 512, reps: int = 5, device: torch.device | str = "cpu") -> float:
     """Bytes per second of reading a large buffer once (a sum over it), the best of `reps`."""
-    x = torch.ones(size_mb * 2**20 // 4, dtype=torch.float32)
+    device = torch.device(device)
+    x = torch.ones(size_mb * 2**20 // 4, dtype=torch.float32, device=device)
     x.sum()  # touch the pages
     best = float("inf")
     for _ in range(reps):
+        _sync(device)
         t0 = time.perf_counter()
         x.sum()
+        _sync(device)
         best = min(best, time.perf_counter() - t0)
     return x.numel() * x.element_size() / best
 
@@ -85,7 +88,8 @@ def read_bandwidth(size_mb: int = 512, reps: int = 5) -> float:
 def bandwidth_limit(model, step_ms: float | None = None) -> dict[str, Any]:
     """The fastest a decoding step could be if it only streamed the weights once at measured bandwidth."""
     nbytes = weight_bytes_per_token(model)
-    bw = read_bandwidth()
+    device = getattr(model, "device", torch.device("cpu"))
+    bw = read_bandwidth(size_mb=2048 if device.type == "cuda" else 512, device=device)
     limit_ms = 1000 * nbytes / bw
     out = {"weight_bytes": nbytes, "read_bandwidth_gb_s": round(bw / 1e9, 2), "limit_ms_per_token": round(limit_ms, 2),
            "limit_tokens_per_s": round(1000 / limit_ms, 2)}

@@ -117,11 +117,15 @@ def _timed_tokens(chunks: Iterable[list[int]], limit: int | None = None, merge_s
 
 # ---- ours ---------------------------------------------------------------------------------------------------
 class VerispecBackend:
-    def __init__(self, target, draft, eos_ids: Sequence[int], options=None) -> None:
+    def __init__(self, target, draft, eos_ids: Sequence[int], options=None,
+                 synthetic: tuple[float, dict[tuple[int, ...], list[int]]] | None = None) -> None:
+        """synthetic: (error rate, the target's greedy output per prompt) to wrap every drafting strategy in
+        a SyntheticProposer (speed measurements with random weights)."""
         from verispec.strategies import StrategyOptions
 
         self.target, self.draft, self.eos_ids = target, draft, tuple(eos_ids)
         self.options = options or StrategyOptions()
+        self.synthetic = synthetic
 
     def run(self, config: Config, prompt: list[int], max_new_tokens: int, seed: int) -> Run:
         from verispec.engine import Generation, GenerationParams, stream
@@ -136,6 +140,12 @@ class VerispecBackend:
         proposer = make_proposer(
             config.strategy, self.target, self.draft, len(prompt) + max_new_tokens + gamma + 2, self.options
         )
+        if proposer is not None and self.synthetic is not None:
+            from verispec.proposers.synthetic import SyntheticProposer
+
+            error_rate, references = self.synthetic
+            proposer = SyntheticProposer(proposer, references[tuple(prompt)], error_rate,
+                                         self.target.model.vocab_size, seed=seed)
         result = Generation()
         tokens, arrivals, seconds = _timed_tokens(stream(self.target.model, prompt, params, proposer, result=result))
         m = result.metrics

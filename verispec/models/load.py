@@ -11,7 +11,7 @@ import torch
 
 from verispec.models.errors import ModelError
 from verispec.models.base import CausalLM
-from verispec.models.llama import LlamaModel
+from verispec.models.llama import LlamaConfig, LlamaModel
 from verispec.models.tokenizer import Tokenizer
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
@@ -71,10 +71,36 @@ def _check_memory(path: Path, config: dict, dtype: torch.dtype) -> None:
         )
 
 
+RANDOM_PREFIX = "random:"
+
+
+def _load_random(spec: str, dtype: torch.dtype, device: str) -> LoadedModel:
+    """`random:DIR`: the shapes of DIR's config.json with random weights, and DIR's tokenizer.
+
+    For measuring speed where the real weights cannot go (a lent GPU machine takes 64 MiB): a config and a
+    tokenizer are a few MB. Pair it with `bench --synthetic`, since random models agree on ~no token."""
+    path = Path(spec[len(RANDOM_PREFIX):]).expanduser()
+    try:
+        cfg = LlamaConfig.from_hf(json.loads((path / "config.json").read_text()))
+        tokenizer = Tokenizer.from_dir(path)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot read the config and tokenizer in {path}: {e}") from e
+    seed = int.from_bytes(path.name.encode()[:4].ljust(4, b"\0"), "little")  # different models, different weights
+    model = LlamaModel.random(cfg, seed=seed, dtype=dtype)
+    return LoadedModel(model=model.to(device), tokenizer=tokenizer, path=path, name=spec)
+
+
 def load(spec: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu", progress: bool = True) -> LoadedModel:
-    """dtype: bfloat16 | float32, or int8 (weight-only int8 linears, bfloat16 activations; native models)."""
+    """dtype: bfloat16 | float32, or int8 (weight-only int8 linears, bfloat16 activations; native models).
+    spec: a packaged name, a .gguf file, a Hugging Face directory, or random:DIR (DIR's shapes, random weights)."""
     int8 = dtype == "int8"
     torch_dtype = torch.bfloat16 if int8 else DTYPES[dtype] if isinstance(dtype, str) else dtype
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError("--device cuda was asked for, but this PyTorch build sees no CUDA device")
+    if spec.startswith(RANDOM_PREFIX):
+        if int8:
+            raise ModelError("random weights come in bfloat16 or float32, not int8")
+        return _load_random(spec, torch_dtype, device)
     path = resolve(spec, progress=progress)
     try:
         config = json.loads((path / "config.json").read_text())
