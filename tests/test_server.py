@@ -268,6 +268,22 @@ def test_seeded_sampling_alone_equals_generate_and_repeats(client, models):
     assert a == reference(models, models.target.tokenizer.encode(text), 30, temperature=0.9, seed=11)
 
 
+def test_draft_per_request_gives_the_same_greedy_output(models):
+    with live(create_app(settings(batch_draft=False), models=models)) as base, httpx.Client(base_url=base) as c:
+        outs = {}
+
+        def one(p: str) -> None:
+            outs[p] = complete(c, p, 30)["choices"][0]["token_ids"]
+
+        threads = [threading.Thread(target=one, args=(p,)) for p in PROMPTS]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    tok = models.target.tokenizer
+    assert all(outs[p] == reference(models, tok.encode(p), 30) for p in PROMPTS)
+
+
 def test_no_speculation_gives_the_same_greedy_output(models):
     with live(create_app(settings(speculate_max_batch=0), models=models)) as base, httpx.Client(base_url=base) as c:
         out = complete(c, PROMPTS[5], 30)
@@ -421,7 +437,7 @@ def _state(c: httpx.Client) -> dict:
 
 
 def test_disconnect_frees_the_row_at_once(hooked, hooked_url):
-    hooked.target.model.embed.delay = 0.01  # ~128 rounds: seconds of work left when the client leaves
+    hooked.target.model.embed.delay = 0.05  # >= 128 / (gamma + 1) rounds: seconds of work left when the client leaves
     try:
         with httpx.Client(base_url=hooked_url, timeout=30) as c:
             with c.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": "x ( a )", "max_tokens": 128,
@@ -613,6 +629,8 @@ def test_forward_rows_matches_single_sequence_forwards(models):
     for got, (s, n) in zip(forward_rows(model, [news[2], news[0]], cache, rows=[3, 0]),
                            [(seqs[2], news[2]), (seqs[0], news[0])]):
         torch.testing.assert_close(got, fresh(s + n, len(n)), atol=1e-5, rtol=1e-5)
+    for got, s, n in zip(forward_rows(model, news, cache, rows=[0, 1, 3], last_only=True), seqs, news):
+        torch.testing.assert_close(got, fresh(s + n, 1), atol=1e-5, rtol=1e-5)
 
 
 # ---- the real pair -------------------------------------------------------------------------------------------------

@@ -128,12 +128,13 @@ def pad_rows(chains: list[list[int]], pad: int = 0) -> tuple[Tensor, list[int]]:
 
 @torch.inference_mode()
 def forward_rows(model: LlamaModel, chains: list[list[int]], cache: BatchKVCache,
-                 rows: list[int] | None = None) -> list[Tensor]:
+                 rows: list[int] | None = None, *, last_only: bool = False) -> list[Tensor]:
     """One forward over `rows` of `cache` (default 0 .. n-1), row rows[b] feeding chains[b] (each non-empty).
 
     Returns per row the logits [len(chains[b]), V] of its real tokens. Writes keys/values after each row's
     committed length and commits nothing (the verispec.cache contract, per row). Rows 0 .. n-1 are read as
-    slices; any other set of rows is gathered (a copy of their keys/values per layer).
+    slices; any other set of rows is gathered (a copy of their keys/values per layer). With `last_only`, each
+    row gets only its last real token's logits [1, V] (a draft step: the LM head skips the rest).
     """
     n = len(chains)
     rows = list(range(n)) if rows is None else rows
@@ -163,7 +164,10 @@ def forward_rows(model: LlamaModel, chains: list[list[int]], cache: BatchKVCache
         mask = mask[:, None].to(device)  # [n, 1, T, S]
         for i, layer in enumerate(model.layers):
             x = layer(x, i, cache, cos, sin, mask)
-        logits = model.lm_head(model.norm(x))  # [n, T, V]
+        if last_only:
+            x = x[torch.arange(n, device=device), torch.tensor(lens, device=device) - 1][:, None]  # [n, 1, H]
+            lens = [1] * n
+        logits = model.lm_head(model.norm(x))  # [n, T or 1, V]
     finally:
         cache._rows, cache._slots, cache._read = None, None, 0
     return [logits[b, : lens[b]] for b in range(n)]

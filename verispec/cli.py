@@ -160,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "for; also the default when it asks for none (default: %(default)s)")
     srv.add_argument("--speculate-max-batch", type=int, default=4, help="rounds with more active requests than "
                      "this run without drafting, where it stops paying (default: %(default)s; 0 never drafts)")
+    srv.add_argument("--draft-per-request", action="store_true", help="run the draft model request by request "
+                     "instead of batched across requests (slower; for comparison)")
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     th = sub.add_parser("theory", help="expected tokens per round, predicted speedup and the optimal gamma")
     th.add_argument("--alpha", type=_finite, default=None, help="acceptance rate in [0, 1]")
@@ -299,7 +301,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             api_key=args.api_key or os.environ.get("VERISPEC_API_KEY") or None,
             max_concurrency=args.max_concurrency, max_prompt_tokens=args.max_prompt_tokens,
             max_new_tokens_limit=args.max_new_tokens_limit, speculate_max_batch=args.speculate_max_batch,
-            options=options,
+            batch_draft=not args.draft_per_request, options=options,
         )
     except ValueError as e:
         fail(str(e))

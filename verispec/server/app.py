@@ -51,6 +51,7 @@ class ServerSettings:
     max_prompt_tokens: int = 2048
     max_new_tokens_limit: int = 512
     speculate_max_batch: int = 4
+    batch_draft: bool = True  # False: the draft model runs request by request (the comparison in the README)
     options: StrategyOptions = field(default_factory=StrategyOptions)
 
     def __post_init__(self) -> None:
@@ -82,12 +83,12 @@ def build_scheduler(models: Models, settings: ServerSettings, metrics: ServerMet
     config = SchedulerConfig(max_batch=settings.max_concurrency, max_len=max_len,
                              speculate_max_batch=settings.speculate_max_batch)
     proposer: BatchProposer | None = None
-    if settings.strategy == "draft":
-        if models.draft is None or not isinstance(models.draft.model, LlamaModel):
-            raise ValueError("strategy 'draft' needs a native Llama-family draft model")
+    if settings.strategy == "draft" and models.draft is None:
+        raise ValueError("strategy 'draft' needs a draft model")
+    if settings.strategy == "draft" and settings.batch_draft and isinstance(models.draft.model, LlamaModel):
         proposer = BatchedDraft(models.draft.model, settings.max_concurrency, max_len,
                                 vocab_size=target.model.vocab_size, gamma=settings.gamma)
-    elif settings.strategy != "ar":
+    elif settings.strategy != "ar":  # any other drafting (or a non-native draft model) runs request by request
         strategy, options, draft = settings.strategy, settings.options, models.draft
         proposer = PerSequence(lambda n: make_proposer(strategy, target, draft, n, options))
     return Scheduler(target.model, target.tokenizer, proposer, config, metrics)

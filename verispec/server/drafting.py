@@ -109,7 +109,7 @@ class BatchedDraft:
     def _forward(self, rows: list[int], chains: list[list[int]]) -> list[Tensor]:
         """Several rows run batched; a lone row runs the model's own forward (what generate computes)."""
         if len(rows) > 1:
-            return forward_rows(self.model, chains, self.cache, rows)
+            return forward_rows(self.model, chains, self.cache, rows, last_only=True)
         x = torch.tensor([chains[0]], dtype=torch.long, device=self.model.device)
         return [self.model.forward(x, self.cache.row(rows[0]), last_n=1)[0]]
 
