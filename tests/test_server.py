@@ -665,3 +665,35 @@ def test_real_pair_server_equals_generate():
             assert text == target.tokenizer.decode(reference(real, target.tokenizer.chat(messages), 48))
     finally:
         GAMMA = gamma
+
+
+# ---- the command ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--gamma", "0"], "gamma"),
+    (["--max-concurrency", "0"], "max-concurrency"),
+    (["--strategy", "layerskip"], "invalid choice"),
+    (["--port", "70000"], "--port"),
+])
+def test_serve_bad_flags_exit_2(capsys, args, needle):
+    from verispec.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", *args])
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_serve_exits_2_when_the_model_cannot_load(capsys):
+    from verispec.cli import main
+
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["serve", "--target", "/no/such/model", "--strategy", "ar", "--port", str(_free_port()),
+                  "--log-level", "error"])
+    finally:
+        torch.set_num_threads(threads)  # the command uses every core; the rest of the suite runs on one
+    assert e.value.code == 2
+    assert "no model at" in capsys.readouterr().err
