@@ -24,7 +24,7 @@ import torch
 
 from tests.tiny_hf import WORDS, make_tiny_hf_dir
 from verispec.engine import GenerationParams, generate
-from verispec.models.load import LoadedModel, load
+from verispec.models.load import load
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.sampling import SamplingParams
 
