@@ -144,12 +144,12 @@ def client(url) -> Iterator[httpx.Client]:
 
 
 def reference(models: Models, prompt: list[int], max_tokens: int, *, temperature: float = 0.0, seed=None,
-              stop_fn=None) -> list[int]:
+              stop_fn=None, gamma: int = GAMMA) -> list[int]:
     """What `verispec generate` produces: the engine with the draft proposer, same gamma."""
     t, d = models.target, models.draft
-    params = GenerationParams(max_new_tokens=max_tokens, gamma=GAMMA, sampling=SamplingParams(temperature=temperature),
+    params = GenerationParams(max_new_tokens=max_tokens, gamma=gamma, sampling=SamplingParams(temperature=temperature),
                               seed=seed, eos_ids=t.tokenizer.eos_ids)
-    proposer = DraftModelProposer(d.model, len(prompt) + max_tokens + GAMMA + 2, vocab_size=t.model.vocab_size)
+    proposer = DraftModelProposer(d.model, len(prompt) + max_tokens + gamma + 2, vocab_size=t.model.vocab_size)
     return generate(t.model, prompt, params, proposer, stop_fn=stop_fn).token_ids
 
 
@@ -638,6 +638,8 @@ def test_forward_rows_matches_single_sequence_forwards(models):
 
 @pytest.mark.slow
 def test_real_pair_server_equals_generate():
+    """On the real pair: alone, the server's greedy output is generate's (same forwards); three requests at once
+    (batched bfloat16 rounds) give the same tokens too; a streamed chat equals generate --chat."""
     from verispec.models.load import check_pair
     from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -645,26 +647,35 @@ def test_real_pair_server_equals_generate():
     draft = load(DEFAULT_DRAFT, dtype="int8", progress=False)
     check_pair(target, draft)
     real = Models(target, draft)
-    global GAMMA
-    gamma, GAMMA = GAMMA, 4
-    try:
-        app = create_app(ServerSettings(model_name="real", gamma=4, max_concurrency=4), models=real)
-        with live(app) as base, httpx.Client(base_url=base, timeout=600) as c:
-            prompts = ["def quicksort(arr):", "class Stack:\n    def __init__(self):"]
-            for p in prompts:
-                r = c.post("/v1/completions", json={"model": "real", "prompt": p, "max_tokens": 48, "temperature": 0,
-                                                    "return_token_ids": True}).json()
-                assert r["choices"][0]["token_ids"] == reference(real, target.tokenizer.encode(p), 48)
-                assert r["usage"]["speculative"]["alpha"] > 0.3
-            messages = [{"role": "user", "content": "Write a Python function that reverses a string."}]
-            with c.stream("POST", "/v1/chat/completions", json={"model": "real", "messages": messages,
-                                                                "max_tokens": 48, "temperature": 0,
-                                                                "stream": True}) as resp:
-                events = sse(resp.iter_lines())
-            text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"])
-            assert text == target.tokenizer.decode(reference(real, target.tokenizer.chat(messages), 48))
-    finally:
-        GAMMA = gamma
+    tok = target.tokenizer
+    prompts = ["def quicksort(arr):", "class Stack:\n    def __init__(self):", "def fibonacci(n):"]
+    expected = [reference(real, tok.encode(p), 48, gamma=4) for p in prompts]
+    app = create_app(ServerSettings(model_name="real", gamma=4, max_concurrency=4), models=real)
+    with live(app) as base, httpx.Client(base_url=base, timeout=600) as c:
+        def ask(p: str) -> dict:
+            return c.post("/v1/completions", json={"model": "real", "prompt": p, "max_tokens": 48, "temperature": 0,
+                                                   "return_token_ids": True}).json()
+
+        alone = ask(prompts[0])
+        assert alone["choices"][0]["token_ids"] == expected[0]
+        assert alone["usage"]["speculative"]["alpha"] > 0.3
+        together: dict[int, list[int]] = {}
+
+        def ask_into(i: int) -> None:
+            together[i] = ask(prompts[i])["choices"][0]["token_ids"]
+
+        threads = [threading.Thread(target=ask_into, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [together[i] for i in range(len(prompts))] == expected
+        messages = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+        with c.stream("POST", "/v1/chat/completions", json={"model": "real", "messages": messages, "max_tokens": 48,
+                                                            "temperature": 0, "stream": True}) as resp:
+            events = sse(resp.iter_lines())
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"])
+        assert text == tok.decode(reference(real, tok.chat(messages), 48, gamma=4))
 
 
 # ---- the command ---------------------------------------------------------------------------------------------------
