@@ -233,12 +233,15 @@ def validation_error_body(errors: list[dict[str, Any]]) -> dict[str, Any]:
     kind = first.get("type", "")
     if kind == "json_invalid":
         return error_body("the request body is not valid JSON", param=None, code="invalid_json")
-    msg = str(first.get("msg", "invalid value"))
-    msg = msg.removeprefix("Value error, ")
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if kind == "extra_forbidden":
-        msg = "unknown field"
-    if kind == "missing":
-        msg = "field required"
+        msg, code = "unknown field", "unknown_field"
+    elif kind == "missing":
+        msg, code = "field required", "missing_field"
+    elif kind.endswith("_type") or kind.endswith("_parsing"):
+        code = "invalid_type"
+    else:
+        code = "invalid_value"
     if param is None and kind in ("model_attributes_type", "dict_type", "model_type"):
-        return error_body("the request body must be a JSON object")
-    return error_body(f"{param}: {msg}" if param else msg, param=param, code=kind or None)
+        return error_body("the request body must be a JSON object", code="invalid_type")
+    return error_body(f"{param}: {msg}" if param else msg, param=param, code=code)
