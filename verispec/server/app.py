@@ -194,7 +194,11 @@ def _check_model(name: str | None, settings: ServerSettings) -> None:
 
 
 def _prompt_ids(app: FastAPI, body: CompletionRequest | ChatRequest) -> list[int]:
-    tok = app.state.models.target.tokenizer
+    with app.state.scheduler.tokenizer_lock:
+        return _encode(app.state.models.target.tokenizer, body)
+
+
+def _encode(tok, body: CompletionRequest | ChatRequest) -> list[int]:
     if isinstance(body, ChatRequest):
         try:
             ids = tok.chat(body.chat_messages())

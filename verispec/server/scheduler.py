@@ -131,6 +131,8 @@ class Scheduler:
     def __init__(self, target: LlamaModel, tokenizer: Tokenizer, proposer: BatchProposer | None,
                  config: SchedulerConfig, metrics: ServerMetrics) -> None:
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
+        # The app encodes prompts on the event loop while this thread decodes: one user of the tokenizer at a time.
+        self.tokenizer_lock = threading.Lock()
         self.config, self.metrics = config, metrics
         self.gamma_slack = 16
         self.cache = BatchKVCache(target, config.max_batch, config.max_len, slack=self.gamma_slack)
@@ -315,7 +317,8 @@ class Scheduler:
                 self.proposer.observe(row, accepted, emitted)
             except Exception:  # noqa: BLE001
                 self._fall_back(seq, row)
-        new, reason = apply_stops(seq.out, emitted, seq.params, seq.text.stop_fn if seq.text.stop else None)
+        with self.tokenizer_lock:
+            new, reason = apply_stops(seq.out, emitted, seq.params, seq.text.stop_fn if seq.text.stop else None)
         seq.metrics.record_round(g, accepted, len(new))
         self.metrics.record_round(g, accepted)
         seq.out.extend(new)
@@ -324,7 +327,8 @@ class Scheduler:
                 seq.first_token_at = time.perf_counter()
                 self.metrics.ttft.observe(seq.first_token_at - seq.request.arrival)
             self.metrics.generation_tokens.inc(len(new))
-            delta = seq.text.push(new)
+            with self.tokenizer_lock:
+                delta = seq.text.push(new)
             seq.request.sink(Delta(delta, new))
         return reason
 
@@ -342,7 +346,7 @@ class Scheduler:
             elif reason == "cancelled":
                 self.metrics.requests.labels(finish_reason="cancelled").inc()
             else:
-                tail = seq.text.flush()
+                tail = seq.text.flush()  # no decoding: the text is already there
                 if tail:
                     seq.request.sink(Delta(tail, []))
                 seq.request.sink(Done("length" if reason == "length" else "stop", self._usage(seq)))
