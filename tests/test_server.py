@@ -633,6 +633,33 @@ def test_forward_rows_matches_single_sequence_forwards(models):
         torch.testing.assert_close(got, fresh(s + n, 1), atol=1e-5, rtol=1e-5)
 
 
+def test_batched_draft_matches_per_sequence_draft_proposers(models):
+    """The batched draft (all rows in one forward per step) proposes what one DraftModelProposer per request
+    proposes, round after round, with rows of different lengths, gammas and acceptance."""
+    from verispec.server.drafting import BatchedDraft
+
+    draft, vocab = models.draft.model, models.target.model.vocab_size
+    prompts = [[13, 15, 22], [16, 17, 13, 15, 22, 16, 17], [22]]
+    batched = BatchedDraft(draft, rows=4, max_len=128, vocab_size=vocab, gamma=4)
+    singles = [DraftModelProposer(draft, 128, vocab_size=vocab) for _ in prompts]
+    for r, (p, single) in enumerate(zip(prompts, singles)):
+        batched.add(r, p, 128)
+        single.reset(p)
+    greedy = SamplingParams()
+    rng = random.Random(0)
+    for round_ in range(6):
+        gammas = [4, 2 + round_ % 3, 1]
+        got = batched.propose([0, 1, 2], gammas, [greedy] * 3, [torch.Generator()] * 3)
+        for r, single in enumerate(singles):
+            want = single.propose(gammas[r], greedy, torch.Generator())
+            assert got[r].tokens.tolist() == want.tokens.tolist(), (round_, r)
+            accepted = rng.randint(0, len(want.tokens))
+            emitted = want.tokens.tolist()[:accepted] + [rng.randrange(vocab)]
+            batched.observe(r, accepted, emitted)
+            single.observe(accepted, emitted)
+            assert batched.cache.lengths[r] == single.cache.length and batched.pending[r] == single.pending
+
+
 # ---- the real pair -------------------------------------------------------------------------------------------------
 
 
