@@ -608,19 +608,23 @@ def test_openai_client(models, url):
 # ---- the batched forward itself ----------------------------------------------------------------------------------
 
 
-def test_forward_rows_matches_single_sequence_forwards(models):
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_rows_matches_single_sequence_forwards(dirs, device):
     from verispec.batch import BatchKVCache, forward_rows
 
-    model = models.target.model
+    model = load(str(dirs[0]), dtype="float32", device=device, progress=False).model
     seqs = [[1, 2, 3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18]]
     news = [[3, 4], [5], [6, 7, 8]]
     cache = BatchKVCache(model, 4, 64)
     for r, s in enumerate(seqs):
-        model.forward(torch.tensor([s]), cache.row(r))
+        model.forward(torch.tensor([s], device=device), cache.row(r))
         cache.commit(r, len(s))
 
     def fresh(tokens: list[int], n: int) -> torch.Tensor:
-        return model.forward(torch.tensor([tokens]), model.new_cache(64))[0, -n:]
+        return model.forward(torch.tensor([tokens], device=device), model.new_cache(64))[0, -n:]
 
     for got, s, n in zip(forward_rows(model, news, cache), seqs, news):
         torch.testing.assert_close(got, fresh(s + n, len(n)), atol=1e-5, rtol=1e-5)
@@ -631,6 +635,28 @@ def test_forward_rows_matches_single_sequence_forwards(models):
         torch.testing.assert_close(got, fresh(s + n, len(n)), atol=1e-5, rtol=1e-5)
     for got, s, n in zip(forward_rows(model, news, cache, rows=[0, 1, 3], last_only=True), seqs, news):
         torch.testing.assert_close(got, fresh(s + n, 1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_server_on_cuda(dirs):
+    target, draft = dirs
+    on_gpu = Models(load(str(target), dtype="float32", device="cuda", progress=False),
+                    load(str(draft), dtype="float32", device="cuda", progress=False))
+    tok = on_gpu.target.tokenizer
+    with live(create_app(settings(), models=on_gpu)) as base, httpx.Client(base_url=base, timeout=60) as c:
+        outs: dict[str, list[int]] = {}
+
+        def one(p: str) -> None:
+            outs[p] = complete(c, p, 30, **({"temperature": 0.8, "seed": 1} if p == PROMPTS[0] else {}))[
+                "choices"][0]["token_ids"]
+
+        threads = [threading.Thread(target=one, args=(p,)) for p in PROMPTS]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for p in PROMPTS[1:]:
+        assert outs[p] == reference(on_gpu, tok.encode(p), 30)
 
 
 def test_batched_draft_matches_per_sequence_draft_proposers(models):
