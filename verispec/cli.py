@@ -1,4 +1,4 @@
-"""verispec command line: `verispec generate PROMPT`."""
+"""verispec command line: `verispec generate PROMPT`, `verispec serve`, `bench`, `theory`, `calibrate-layerskip`."""
 
 from __future__ import annotations
 
@@ -155,6 +155,27 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--categories", default="code_completion,code_instruct,multi_turn", help="comma list of categories (default: %(default)s)")
     cal.add_argument("--limit", type=int, default=1, help="prompts per category (default: %(default)s)")
     cal.add_argument("--out", default=None, help="calibration JSON file (default: layerskip-calibration.json in the cache directory)")
+    srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server: batched speculative decoding, streaming, metrics")
+    _model_args(srv, DEFAULT_TARGET, DEFAULT_DRAFT)
+    srv.add_argument("--strategy", default="draft", choices=["draft", "ar", "ngram", "draft+ngram"],
+                     help="drafting method; 'draft' batches the draft model across requests (default: %(default)s)")
+    srv.add_argument("--gamma", type=int, default=4, help="tokens drafted per round (default: %(default)s)")
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    srv.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
+    srv.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/* (default: "
+                     "$VERISPEC_API_KEY if set, else no key)")
+    srv.add_argument("--served-model-name", default=None, help="the model id clients send and /v1/models lists "
+                     "(default: the --target name, without its directory)")
+    srv.add_argument("--max-concurrency", type=int, default=8, help="requests decoded at once, one batch row each; "
+                     "more wait in a queue (default: %(default)s)")
+    srv.add_argument("--max-prompt-tokens", type=int, default=2048, help="longer prompts get a 400 (default: %(default)s)")
+    srv.add_argument("--max-new-tokens-limit", type=int, default=512, help="largest max_tokens a request may ask "
+                     "for; also the default when it asks for none (default: %(default)s)")
+    srv.add_argument("--speculate-max-batch", type=int, default=4, help="rounds with more active requests than "
+                     "this run without drafting, where it stops paying (default: %(default)s; 0 never drafts)")
+    srv.add_argument("--draft-per-request", action="store_true", help="run the draft model request by request "
+                     "instead of batched across requests (slower; for comparison)")
+    srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     th = sub.add_parser("theory", help="expected tokens per round, predicted speedup and the optimal gamma")
     th.add_argument("--alpha", type=_finite, default=None, help="acceptance rate in [0, 1]")
     th.add_argument("--gamma", type=int, default=4, help="tokens drafted per round (default: %(default)s)")
@@ -273,6 +294,54 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 130 if result.finish_reason == "interrupted" else 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Listen at once (/health answers 503), load the models in the background, then serve."""
+    import logging
+    import os
+    from pathlib import Path
+
+    import uvicorn
+
+    from verispec.models.load import default_threads
+    from verispec.models.packaged import PACKAGED
+    from verispec.server import Models, ServerSettings, create_app
+
+    options = _options(args)
+    name = args.served_model_name or (args.target if args.target in PACKAGED else Path(args.target).name)
+    try:
+        settings = ServerSettings(
+            model_name=name, strategy=args.strategy, gamma=args.gamma,
+            api_key=args.api_key or os.environ.get("VERISPEC_API_KEY") or None,
+            max_concurrency=args.max_concurrency, max_prompt_tokens=args.max_prompt_tokens,
+            max_new_tokens_limit=args.max_new_tokens_limit, speculate_max_batch=args.speculate_max_batch,
+            batch_draft=not args.draft_per_request, options=options,
+        )
+    except ValueError as e:
+        fail(str(e))
+    if not 0 < args.port < 65536:
+        fail(f"--port must be in 1..65535, got {args.port}")
+    default_threads()
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    failure: list[str | None] = []  # None: the message is already printed
+
+    def load() -> Models:
+        target, draft = _load_models(args, [args.strategy], progress=False)
+        return Models(target, draft)
+
+    def on_load_failure(error: BaseException) -> None:
+        failure.append(None if isinstance(error, SystemExit) else str(error))
+        server.should_exit = True
+
+    app = create_app(settings, load=load, on_load_failure=on_load_failure)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
+    server.run()
+    if failure:
+        if failure[0] is None:
+            raise SystemExit(2)
+        fail(failure[0])
+    return 0
+
+
 def _int_list(text: str, flag: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -329,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_bench(args)
         if args.command == "theory":
             return cmd_theory(args)
+        if args.command == "serve":
+            return cmd_serve(args)
         if args.command == "calibrate-layerskip":
             return cmd_calibrate_layerskip(args)
     except ModelError as e:

@@ -1,0 +1,763 @@
+"""`verispec serve` end to end: a live uvicorn server on 127.0.0.1, real HTTP clients (httpx, openai).
+
+Tiny random models (tests/tiny_hf.py) keep it fast; the real pair runs in one `slow` test. The reference for
+every greedy output is the engine itself (`verispec.generate`, what `verispec generate` prints).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from tests.tiny_hf import WORDS, make_tiny_hf_dir
+from verispec.engine import GenerationParams, generate
+from verispec.models.load import load
+from verispec.proposers.draft_model import DraftModelProposer
+from verispec.sampling import SamplingParams
+
+uvicorn = pytest.importorskip("uvicorn")
+from verispec.server import Models, ServerSettings, create_app  # noqa: E402
+
+MODEL = "tiny"
+GAMMA = 3
+
+
+# ---- fixtures --------------------------------------------------------------------------------------------------
+
+
+def _noisy_copy_dir(src: Path, dst: Path, noise: float, seed: int) -> Path:
+    """A draft directory: the target's weights plus relative noise (greedy acceptance between 0 and 1)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    gen = torch.Generator().manual_seed(seed)
+    for f in dst.glob("*.safetensors"):
+        state = load_file(str(f))
+        noisy = {k: (v + noise * v.float().std() * torch.randn(v.shape, generator=gen)).to(v.dtype)
+                 if v.numel() > 1 else v for k, v in state.items()}
+        save_file(noisy, str(f), metadata={"format": "pt"})
+    return dst
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("tiny_server")
+    target = make_tiny_hf_dir(root / "target", seed=0)
+    return target, _noisy_copy_dir(target, root / "draft", noise=0.03, seed=5)
+
+
+def _load(dirs: tuple[Path, Path]) -> Models:
+    target, draft = dirs
+    return Models(load(str(target), dtype="float32", progress=False), load(str(draft), dtype="float32", progress=False))
+
+
+@pytest.fixture(scope="module")
+def models(dirs) -> Models:
+    return _load(dirs)
+
+
+class Hook(torch.nn.Module):
+    """Wraps a model's embedding: optional delay per forward, failure on demand or on a poison first token."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner, self.delay, self.armed, self.poison = inner, 0.0, False, None
+
+    @property
+    def weight(self) -> torch.Tensor:  # the model reads its dtype and device here
+        return self.inner.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.delay:
+            time.sleep(self.delay)
+        if self.armed:
+            raise RuntimeError("injected failure in /secret/path/model.py")
+        if self.poison is not None and int(tokens[0, 0]) == self.poison:  # a sequence that starts with it
+            raise RuntimeError("poisoned token in /secret/path/draft.py")
+        return self.inner(tokens)
+
+
+@pytest.fixture(scope="module")
+def hooked(dirs) -> Models:
+    """Models of their own with hooks on both embeddings, and no end-of-sequence token (so a request runs
+    for exactly max_tokens: room to disconnect or fail mid-stream)."""
+    m = _load(dirs)
+    m.target.model.embed = Hook(m.target.model.embed)
+    m.draft.model.embed = Hook(m.draft.model.embed)
+    m.target.tokenizer.eos_ids = ()
+    return m
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def live(app) -> Iterator[str]:
+    """Run `app` under uvicorn on 127.0.0.1 in a thread; yield its base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+
+
+def settings(**kw) -> ServerSettings:
+    # prompt and new-token limits that add up to more than the tiny models' 256-token context
+    base = dict(model_name=MODEL, gamma=GAMMA, max_concurrency=8, max_prompt_tokens=200, max_new_tokens_limit=128,
+                speculate_max_batch=4)
+    return ServerSettings(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def url(models) -> Iterator[str]:
+    with live(create_app(settings(), models=models)) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(url) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=url, timeout=60) as c:
+        yield c
+
+
+def reference(models: Models, prompt: list[int], max_tokens: int, *, temperature: float = 0.0, seed=None,
+              stop_fn=None, gamma: int = GAMMA) -> list[int]:
+    """What `verispec generate` produces: the engine with the draft proposer, same gamma."""
+    t, d = models.target, models.draft
+    params = GenerationParams(max_new_tokens=max_tokens, gamma=gamma, sampling=SamplingParams(temperature=temperature),
+                              seed=seed, eos_ids=t.tokenizer.eos_ids)
+    proposer = DraftModelProposer(d.model, len(prompt) + max_tokens + gamma + 2, vocab_size=t.model.vocab_size)
+    return generate(t.model, prompt, params, proposer, stop_fn=stop_fn).token_ids
+
+
+def complete(client: httpx.Client, prompt, max_tokens: int = 30, **kw) -> dict:
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
+                                              "temperature": 0, "return_token_ids": True, **kw})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def sse(lines: Iterator[str]) -> list:
+    """Parse an SSE body into its data payloads (JSON objects, and the final "[DONE]")."""
+    out = []
+    for line in lines:
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+PROMPTS = ["x ( a ) :", "if x = 1 :", "for a in b :", "print ( y + 2 )", "return a + b", "else : x = y"]
+
+
+# ---- outputs equal the engine --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", PROMPTS[:4])
+def test_completion_equals_generate(client, models, text):
+    out = complete(client, text, 40)
+    ids = models.target.tokenizer.encode(text)
+    choice = out["choices"][0]
+    assert choice["token_ids"] == reference(models, ids, 40)
+    assert choice["text"] == models.target.tokenizer.decode(choice["token_ids"])
+    assert out["object"] == "text_completion" and out["model"] == MODEL
+    usage = out["usage"]
+    assert usage["prompt_tokens"] == len(ids) and usage["completion_tokens"] == len(choice["token_ids"])
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    spec = usage["speculative"]
+    assert 0 <= spec["alpha"] <= 1 and spec["mean_accepted_length"] > 0 and spec["draft_tokens"] > 0
+    assert spec["target_forwards"] <= len(choice["token_ids"]) + 1
+
+
+def test_cli_generate_json_equals_server(client, dirs, capsys):
+    from verispec.cli import main
+
+    target, draft = dirs
+    code = main(["generate", PROMPTS[0], "--target", str(target), "--draft", str(draft), "--dtype", "float32",
+                 "--draft-dtype", "float32", "--gamma", str(GAMMA), "--max-new-tokens", "40", "--json"])
+    assert code == 0
+    cli = json.loads(capsys.readouterr().out)
+    served = complete(client, PROMPTS[0], 40)["choices"][0]
+    assert served["token_ids"] == cli["token_ids"] and served["text"] == cli["text"]
+    assert served["finish_reason"] == ("length" if cli["finish_reason"] == "length" else "stop")
+
+
+def test_token_id_prompt(client, models):
+    ids = models.target.tokenizer.encode(PROMPTS[1])
+    assert complete(client, ids, 20)["choices"][0]["token_ids"] == reference(models, ids, 20)
+
+
+def test_streamed_completion_equals_generate(client, models):
+    text = PROMPTS[2]
+    with client.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": text, "max_tokens": 40,
+                                                        "temperature": 0, "stream": True, "return_token_ids": True,
+                                                        "stream_options": {"include_usage": True}}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = sse(r.iter_lines())
+    assert events[-1] == "[DONE]"
+    chunks = [e for e in events[:-1] if e["choices"]]
+    ids = [t for c in chunks for t in c["choices"][0].get("token_ids", [])]
+    assert ids == reference(models, models.target.tokenizer.encode(text), 40)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == complete(client, text, 40)["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    usage = events[-2]["usage"]
+    assert usage["completion_tokens"] == len(ids) and "speculative" in usage
+
+
+def test_streamed_chat_equals_generate_chat(client, models):
+    messages = [{"role": "system", "content": "a b"}, {"role": "user", "content": "print ( x )"}]
+    with client.stream("POST", "/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 30,
+                                                             "temperature": 0, "stream": True}) as r:
+        events = sse(r.iter_lines())
+    assert events[-1] == "[DONE]"
+    assert events[0]["object"] == "chat.completion.chunk" and events[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1])
+    tok = models.target.tokenizer
+    assert text == tok.decode(reference(models, tok.chat(messages), 30))
+    full = client.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 30,
+                                                     "temperature": 0}).json()
+    assert full["object"] == "chat.completion"
+    assert full["choices"][0]["message"] == {"role": "assistant", "content": text}
+
+
+def test_stop_string(client, models):
+    tok = models.target.tokenizer
+    full = complete(client, PROMPTS[3], 40)["choices"][0]
+    words = [tok.decode([t]) for t in full["token_ids"]]
+    stop = next((w for w in words[3:] if w.strip()), None)
+    if stop is None:
+        pytest.skip("greedy output too short to place a stop string")
+    cut = complete(client, PROMPTS[3], 40, stop=[stop])["choices"][0]
+    assert cut["finish_reason"] == "stop" and stop not in cut["text"]
+    assert full["text"].startswith(cut["text"])
+    from verispec.models.tokenizer import TextStream
+
+    ts = TextStream(tok, [stop])
+    assert cut["token_ids"] == reference(models, tok.encode(PROMPTS[3]), 40, stop_fn=ts.stop_fn)
+
+
+def test_seeded_sampling_alone_equals_generate_and_repeats(client, models):
+    text = PROMPTS[4]
+    a = complete(client, text, 30, temperature=0.9, seed=11)["choices"][0]["token_ids"]
+    b = complete(client, text, 30, temperature=0.9, seed=11)["choices"][0]["token_ids"]
+    assert a == b
+    assert a == reference(models, models.target.tokenizer.encode(text), 30, temperature=0.9, seed=11)
+
+
+def test_draft_per_request_gives_the_same_greedy_output(models):
+    with live(create_app(settings(batch_draft=False), models=models)) as base, httpx.Client(base_url=base) as c:
+        outs = {}
+
+        def one(p: str) -> None:
+            outs[p] = complete(c, p, 30)["choices"][0]["token_ids"]
+
+        threads = [threading.Thread(target=one, args=(p,)) for p in PROMPTS]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    tok = models.target.tokenizer
+    assert all(outs[p] == reference(models, tok.encode(p), 30) for p in PROMPTS)
+
+
+def test_no_speculation_gives_the_same_greedy_output(models):
+    with live(create_app(settings(speculate_max_batch=0), models=models)) as base, httpx.Client(base_url=base) as c:
+        out = complete(c, PROMPTS[5], 30)
+    assert out["usage"]["speculative"]["draft_tokens"] == 0
+    assert out["choices"][0]["token_ids"] == reference(models, models.target.tokenizer.encode(PROMPTS[5]), 30)
+
+
+# ---- service endpoints -----------------------------------------------------------------------------------------
+
+
+def test_models_health_metrics(client):
+    assert client.get("/health").json() == {"status": "ok"}
+    assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
+    complete(client, PROMPTS[0], 10)
+    text = client.get("/metrics").text
+    for name in ("verispec_spec_decode_num_drafts_total", "verispec_spec_decode_num_draft_tokens_total",
+                 "verispec_spec_decode_num_accepted_tokens_total",
+                 'verispec_spec_decode_num_accepted_tokens_per_pos_total{position="0"}',
+                 "verispec_time_to_first_token_seconds_bucket", "verispec_time_per_output_token_seconds_bucket",
+                 "verispec_e2e_request_latency_seconds_count", "verispec_spec_decode_draft_failures_total",
+                 "verispec_num_requests_running"):
+        assert name in text, name
+    drafted = _metric(text, "verispec_spec_decode_num_draft_tokens_total")
+    accepted = _metric(text, "verispec_spec_decode_num_accepted_tokens_total")
+    assert drafted > 0 and 0 <= accepted <= drafted
+
+
+def _metric(text: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else math.nan
+
+
+def test_health_is_503_while_loading(models):
+    release = threading.Event()
+
+    def slow_load() -> Models:
+        release.wait(20)
+        return models
+
+    with live(create_app(settings(), load=slow_load)) as base, httpx.Client(base_url=base) as c:
+        r = c.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "loading"
+        r = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_loading"
+        release.set()
+        deadline = time.monotonic() + 10
+        while c.get("/health").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert complete(c, "x", 3)["choices"][0]["token_ids"]
+
+
+def test_api_key(models):
+    with live(create_app(settings(api_key="s3cret"), models=models)) as base, httpx.Client(base_url=base) as c:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            r = c.post("/v1/completions", json=body, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = c.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 401  # the key is checked before the body is read
+        assert c.get("/v1/models").status_code == 401
+        assert c.post("/v1/completions", json=body, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
+
+
+# ---- bad input -----------------------------------------------------------------------------------------------
+
+OK = {"model": MODEL, "prompt": "x", "max_tokens": 4}
+BAD = [
+    ("invalid json", b'{"prompt": "x",', None),
+    ("not an object", b"[1, 2]", None),
+    ("missing prompt", {"model": MODEL}, "prompt"),
+    ("unknown field", {**OK, "frobnicate": 1}, "frobnicate"),
+    ("max_tokens as string", {**OK, "max_tokens": "4"}, "max_tokens"),
+    ("temperature as string", {**OK, "temperature": "0.5"}, "temperature"),
+    ("stream as string", {**OK, "stream": "yes"}, "stream"),
+    ("prompt as number", {**OK, "prompt": 3}, "prompt"),
+    ("empty prompt", {**OK, "prompt": ""}, "prompt"),
+    ("blank prompt", {**OK, "prompt": "   "}, "prompt"),
+    ("empty id list", {**OK, "prompt": []}, "prompt"),
+    ("prompt too long", {**OK, "prompt": "x " * 210}, "prompt"),
+    ("prompt + max_tokens beyond context", {**OK, "prompt": "x " * 150, "max_tokens": 128}, "max_tokens"),
+    ("max_tokens above the limit", {**OK, "max_tokens": 129}, "max_tokens"),
+    ("temperature below 0", {**OK, "temperature": -0.1}, "temperature"),
+    ("temperature above 2", {**OK, "temperature": 2.5}, "temperature"),
+    ("temperature NaN", b'{"prompt": "x", "max_tokens": 4, "temperature": NaN}', "temperature"),
+    ("temperature Infinity", b'{"prompt": "x", "max_tokens": 4, "temperature": Infinity}', "temperature"),
+    ("temperature overflow", b'{"prompt": "x", "max_tokens": 4, "temperature": 1e999}', "temperature"),
+    ("top_p 0", {**OK, "top_p": 0}, "top_p"),
+    ("top_p above 1", {**OK, "top_p": 1.5}, "top_p"),
+    ("top_p NaN", b'{"prompt": "x", "max_tokens": 4, "top_p": NaN}', "top_p"),
+    ("max_tokens 0", {**OK, "max_tokens": 0}, "max_tokens"),
+    ("max_tokens negative", {**OK, "max_tokens": -5}, "max_tokens"),
+    ("token id too large", {**OK, "prompt": [1, 10**6]}, "prompt"),
+    ("token id negative", {**OK, "prompt": [-1]}, "prompt"),
+    ("n = 2", {**OK, "n": 2}, "n"),
+    ("penalty", {**OK, "presence_penalty": 0.5}, "presence_penalty"),
+    ("two prompts", {**OK, "prompt": ["x", "y"]}, "prompt"),
+]
+
+
+@pytest.mark.parametrize("name, body, param", BAD, ids=[b[0] for b in BAD])
+def test_bad_completion_request_is_400(client, name, body, param):
+    if isinstance(body, bytes):
+        r = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    else:
+        r = client.post("/v1/completions", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+    assert err["param"] == param
+    assert "/" not in err["message"] and "Traceback" not in err["message"], err["message"]
+
+
+BAD_CHAT = [
+    ("no messages", {"model": MODEL, "messages": []}, "messages"),
+    ("empty content", {"model": MODEL, "messages": [{"role": "user", "content": ""}]}, "messages"),
+    ("unknown role", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+    ("content as number", {"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ("max_completion_tokens 0", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                 "max_completion_tokens": 0}, None),
+]
+
+
+@pytest.mark.parametrize("name, body, param", BAD_CHAT, ids=[b[0] for b in BAD_CHAT])
+def test_bad_chat_request_is_400(client, name, body, param):
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and (param is None or err["param"] == param), err
+
+
+def test_unknown_model_and_route(client):
+    r = client.post("/v1/completions", json={**OK, "model": "gpt-4"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = client.get("/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+
+
+# ---- faults ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hooked_url(hooked) -> Iterator[str]:
+    with live(create_app(settings(), models=hooked)) as base:
+        yield base
+
+
+def _state(c: httpx.Client) -> dict:
+    return c.get("/v1/state").json()
+
+
+def test_disconnect_frees_the_row_at_once(hooked, hooked_url):
+    hooked.target.model.embed.delay = 0.05  # >= 128 / (gamma + 1) rounds: seconds of work left when the client leaves
+    try:
+        with httpx.Client(base_url=hooked_url, timeout=30) as c:
+            with c.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": "x ( a )", "max_tokens": 128,
+                                                           "temperature": 0, "stream": True}) as r:
+                first = next(line for line in r.iter_lines() if line.startswith("data: "))
+                assert json.loads(first[6:])["choices"]
+                assert _state(c)["running"] == 1
+            # the response is closed: the server must notice and free the sequence and its cache row
+            deadline = time.monotonic() + 3
+            while _state(c)["running"] or _state(c)["rows_in_use"]:
+                assert time.monotonic() < deadline, _state(c)
+                time.sleep(0.02)
+            text = c.get("/metrics").text
+            assert _metric(text, 'verispec_requests_total{finish_reason="cancelled"}') == 1
+            assert _metric(text, "verispec_generation_tokens_total") < 128
+            assert complete(c, "x", 5)["choices"][0]["token_ids"]  # still serving
+    finally:
+        hooked.target.model.embed.delay = 0.0
+
+
+def test_error_after_streaming_began_is_an_error_chunk_then_done(hooked, hooked_url):
+    embed = hooked.target.model.embed
+    embed.delay = 0.01
+    try:
+        with httpx.Client(base_url=hooked_url, timeout=30) as c:
+            with c.stream("POST", "/v1/chat/completions", json={
+                    "model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 100,
+                    "temperature": 0, "stream": True}) as r:
+                assert r.status_code == 200
+                lines = r.iter_lines()
+                seen = []
+                for line in lines:
+                    if line.startswith("data: "):
+                        seen.append(line)
+                        if len(seen) == 2:  # role chunk + one text chunk: streaming has begun
+                            embed.armed = True
+                            break
+                events = sse(lines)
+            embed.armed = False
+            assert events[-1] == "[DONE]"
+            err = events[-2]["error"]
+            assert err["type"] == "server_error" and "/" not in err["message"]
+            assert c.get("/health").status_code == 200
+            assert complete(c, "x", 5)["choices"][0]["token_ids"]  # the server survived
+    finally:
+        embed.armed, embed.delay = False, 0.0
+
+
+def test_draft_failure_falls_back_to_target_only(hooked, hooked_url):
+    tok = hooked.target.tokenizer
+    ids = [2] + tok.encode("x ( a )")  # <|im_start|> first: the draft fails on its prefill
+    hooked.draft.model.embed.poison = 2
+    try:
+        with httpx.Client(base_url=hooked_url, timeout=30) as c:
+            before = _metric(c.get("/metrics").text, "verispec_spec_decode_draft_failures_total")
+            bad = complete(c, ids, 20)
+            good = complete(c, "x ( a )", 20)
+            after = _metric(c.get("/metrics").text, "verispec_spec_decode_draft_failures_total")
+        assert bad["usage"]["speculative"]["draft_fallback"] is True
+        assert bad["usage"]["speculative"]["draft_tokens"] == 0
+        assert good["usage"]["speculative"]["draft_fallback"] is False
+        assert after == before + 1
+        hooked.draft.model.embed.poison = None
+        assert bad["choices"][0]["token_ids"] == reference(hooked, ids, 20)  # still the target's output
+    finally:
+        hooked.draft.model.embed.poison = None
+
+
+# ---- concurrency -------------------------------------------------------------------------------------------------
+
+
+def _prompts(tok, n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    words = [w for w in WORDS if len(tok.encode(w)) == 1]  # the tiny tokenizer drops a few words
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(2, 9))) for _ in range(n)]
+
+
+def test_concurrent_load_matches_sequential_greedy(models, url):
+    """16 clients x 4 requests (some streamed) against 8 batch rows; speculation on up to 4 rows, off above."""
+    tok = models.target.tokenizer
+    prompts = _prompts(tok, 64)
+    expected = [reference(models, tok.encode(p), 24) for p in prompts]
+    results: dict[int, list[int]] = {}
+    errors: list[str] = []
+
+    def client_thread(k: int) -> None:
+        with httpx.Client(base_url=url, timeout=120) as c:
+            for j in range(4):
+                i = 4 * k + j
+                body = {"model": MODEL, "prompt": prompts[i], "max_tokens": 24, "temperature": 0,
+                        "return_token_ids": True}
+                try:
+                    if i % 3 == 0:
+                        with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                            events = sse(r.iter_lines())
+                        assert events[-1] == "[DONE]"
+                        results[i] = [t for e in events[:-1] for t in e["choices"][0].get("token_ids", [])]
+                    else:
+                        r = c.post("/v1/completions", json=body)
+                        assert r.status_code == 200, r.text
+                        results[i] = r.json()["choices"][0]["token_ids"]
+                except Exception as e:  # noqa: BLE001
+                    errors.append(f"request {i}: {e!r}")
+
+    with httpx.Client(base_url=url) as c:
+        before = c.get("/metrics").text
+    threads = [threading.Thread(target=client_thread, args=(k,)) for k in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors[:3]
+    mismatched = [i for i in range(64) if results.get(i) != expected[i]]
+    assert not mismatched, [(i, prompts[i], results.get(i), expected[i]) for i in mismatched[:3]]
+    with httpx.Client(base_url=url) as c:
+        after = c.get("/metrics").text
+    forwards = _metric(after, "verispec_target_forwards_total") - _metric(before, "verispec_target_forwards_total")
+    rows = (_metric(after, "verispec_target_forward_sequences_total")
+            - _metric(before, "verispec_target_forward_sequences_total"))
+    assert rows / forwards > 2  # rounds really were batched
+    assert _metric(after, "verispec_speculation_off_rounds_total") > 0  # and above 4 rows speculation paused
+
+
+def test_long_concurrent_sequences_without_eos(hooked, hooked_url):
+    """Rows that never stop early: every request runs 40 tokens, so rounds mix speculating rows of different
+    lengths for long stretches; sampled requests run beside greedy ones without disturbing them."""
+    tok = hooked.target.tokenizer
+    prompts = _prompts(tok, 12, seed=1)
+    expected = {i: reference(hooked, tok.encode(p), 40) for i, p in enumerate(prompts) if i % 4}
+    results: dict[int, dict] = {}
+
+    def one(i: int) -> None:
+        sampled = i % 4 == 0
+        with httpx.Client(base_url=hooked_url, timeout=120) as c:
+            r = c.post("/v1/completions", json={"model": MODEL, "prompt": prompts[i], "max_tokens": 40,
+                                                "temperature": 0.8 if sampled else 0, "seed": i,
+                                                "return_token_ids": True})
+            results[i] = r.json() if r.status_code == 200 else {"error": r.text}
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for i in range(len(prompts)):
+        ids = results[i]["choices"][0]["token_ids"]
+        assert len(ids) == 40
+        if i in expected:
+            assert ids == expected[i], i
+
+
+def test_openai_client(models, url):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    tok = models.target.tokenizer
+    out = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=20, temperature=0)
+    assert out.choices[0].text == tok.decode(reference(models, tok.encode(PROMPTS[0]), 20))
+    assert out.usage.completion_tokens > 0
+    messages = [{"role": "user", "content": "print ( a )"}]
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0,
+                                            stream=True)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text == tok.decode(reference(models, tok.chat(messages), 20))
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="x", max_tokens=4, temperature=3)
+
+
+# ---- the batched forward itself ----------------------------------------------------------------------------------
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_rows_matches_single_sequence_forwards(dirs, device):
+    from verispec.batch import BatchKVCache, forward_rows
+
+    model = load(str(dirs[0]), dtype="float32", device=device, progress=False).model
+    seqs = [[1, 2, 3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18]]
+    news = [[3, 4], [5], [6, 7, 8]]
+    cache = BatchKVCache(model, 4, 64)
+    for r, s in enumerate(seqs):
+        model.forward(torch.tensor([s], device=device), cache.row(r))
+        cache.commit(r, len(s))
+
+    def fresh(tokens: list[int], n: int) -> torch.Tensor:
+        return model.forward(torch.tensor([tokens], device=device), model.new_cache(64))[0, -n:]
+
+    for got, s, n in zip(forward_rows(model, news, cache), seqs, news):
+        torch.testing.assert_close(got, fresh(s + n, len(n)), atol=1e-5, rtol=1e-5)
+    # any subset of rows, in any order, and after moving a row
+    cache.move(2, 3)
+    for got, (s, n) in zip(forward_rows(model, [news[2], news[0]], cache, rows=[3, 0]),
+                           [(seqs[2], news[2]), (seqs[0], news[0])]):
+        torch.testing.assert_close(got, fresh(s + n, len(n)), atol=1e-5, rtol=1e-5)
+    for got, s, n in zip(forward_rows(model, news, cache, rows=[0, 1, 3], last_only=True), seqs, news):
+        torch.testing.assert_close(got, fresh(s + n, 1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_server_on_cuda(dirs):
+    target, draft = dirs
+    on_gpu = Models(load(str(target), dtype="float32", device="cuda", progress=False),
+                    load(str(draft), dtype="float32", device="cuda", progress=False))
+    tok = on_gpu.target.tokenizer
+    with live(create_app(settings(), models=on_gpu)) as base, httpx.Client(base_url=base, timeout=60) as c:
+        outs: dict[str, list[int]] = {}
+
+        def one(p: str) -> None:
+            outs[p] = complete(c, p, 30, **({"temperature": 0.8, "seed": 1} if p == PROMPTS[0] else {}))[
+                "choices"][0]["token_ids"]
+
+        threads = [threading.Thread(target=one, args=(p,)) for p in PROMPTS]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for p in PROMPTS[1:]:
+        assert outs[p] == reference(on_gpu, tok.encode(p), 30)
+
+
+def test_batched_draft_matches_per_sequence_draft_proposers(models):
+    """The batched draft (all rows in one forward per step) proposes what one DraftModelProposer per request
+    proposes, round after round, with rows of different lengths, gammas and acceptance."""
+    from verispec.server.drafting import BatchedDraft
+
+    draft, vocab = models.draft.model, models.target.model.vocab_size
+    prompts = [[13, 15, 22], [16, 17, 13, 15, 22, 16, 17], [22]]
+    batched = BatchedDraft(draft, rows=4, max_len=128, vocab_size=vocab, gamma=4)
+    singles = [DraftModelProposer(draft, 128, vocab_size=vocab) for _ in prompts]
+    for r, (p, single) in enumerate(zip(prompts, singles)):
+        batched.add(r, p, 128)
+        single.reset(p)
+    greedy = SamplingParams()
+    rng = random.Random(0)
+    for round_ in range(6):
+        gammas = [4, 2 + round_ % 3, 1]
+        got = batched.propose([0, 1, 2], gammas, [greedy] * 3, [torch.Generator()] * 3)
+        for r, single in enumerate(singles):
+            want = single.propose(gammas[r], greedy, torch.Generator())
+            assert got[r].tokens.tolist() == want.tokens.tolist(), (round_, r)
+            accepted = rng.randint(0, len(want.tokens))
+            emitted = want.tokens.tolist()[:accepted] + [rng.randrange(vocab)]
+            batched.observe(r, accepted, emitted)
+            single.observe(accepted, emitted)
+            assert batched.cache.lengths[r] == single.cache.length and batched.pending[r] == single.pending
+
+
+# ---- the real pair -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_real_pair_server_equals_generate():
+    """On the real pair: alone, the server's greedy output is generate's (same forwards); three requests at once
+    (batched bfloat16 rounds) give the same tokens too; a streamed chat equals generate --chat."""
+    from verispec.models.load import check_pair
+    from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    target = load(DEFAULT_TARGET, progress=False)
+    draft = load(DEFAULT_DRAFT, dtype="int8", progress=False)
+    check_pair(target, draft)
+    real = Models(target, draft)
+    tok = target.tokenizer
+    prompts = ["def quicksort(arr):", "class Stack:\n    def __init__(self):", "def fibonacci(n):"]
+    expected = [reference(real, tok.encode(p), 48, gamma=4) for p in prompts]
+    app = create_app(ServerSettings(model_name="real", gamma=4, max_concurrency=4), models=real)
+    with live(app) as base, httpx.Client(base_url=base, timeout=600) as c:
+        def ask(p: str) -> dict:
+            return c.post("/v1/completions", json={"model": "real", "prompt": p, "max_tokens": 48, "temperature": 0,
+                                                   "return_token_ids": True}).json()
+
+        alone = ask(prompts[0])
+        assert alone["choices"][0]["token_ids"] == expected[0]
+        assert alone["usage"]["speculative"]["alpha"] > 0.3
+        together: dict[int, list[int]] = {}
+
+        def ask_into(i: int) -> None:
+            together[i] = ask(prompts[i])["choices"][0]["token_ids"]
+
+        threads = [threading.Thread(target=ask_into, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [together[i] for i in range(len(prompts))] == expected
+        messages = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+        with c.stream("POST", "/v1/chat/completions", json={"model": "real", "messages": messages, "max_tokens": 48,
+                                                            "temperature": 0, "stream": True}) as resp:
+            events = sse(resp.iter_lines())
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"])
+        assert text == tok.decode(reference(real, tok.chat(messages), 48, gamma=4))
+
+
+# ---- the command ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--gamma", "0"], "gamma"),
+    (["--max-concurrency", "0"], "max-concurrency"),
+    (["--strategy", "layerskip"], "invalid choice"),
+    (["--port", "70000"], "--port"),
+])
+def test_serve_bad_flags_exit_2(capsys, args, needle):
+    from verispec.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", *args])
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_serve_exits_2_when_the_model_cannot_load(capsys):
+    from verispec.cli import main
+
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["serve", "--target", "/no/such/model", "--strategy", "ar", "--port", str(_free_port()),
+                  "--log-level", "error"])
+    finally:
+        torch.set_num_threads(threads)  # the command uses every core; the rest of the suite runs on one
+    assert e.value.code == 2
+    assert "no model at" in capsys.readouterr().err

@@ -1,0 +1,395 @@
+"""The OpenAI-compatible HTTP app: FastAPI in front of one Scheduler.
+
+`create_app` takes either loaded models (tests inject tiny ones) or a `load` function that runs in a
+background thread after the server starts listening, so /health can answer 503 while weights load.
+Everything the app owns (scheduler, metrics registry, state) lives on `app.state`: two apps in one process
+never share anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from verispec.engine import GenerationParams
+from verispec.models.llama import LlamaModel
+from verispec.models.load import LoadedModel
+from verispec.sampling import SamplingParams
+from verispec.server.drafting import BatchedDraft, BatchProposer, PerSequence
+from verispec.server.metrics import ServerMetrics
+from verispec.server.scheduler import Delta, Done, Event, Failed, Request, Scheduler, SchedulerConfig
+from verispec.server.schemas import (
+    APIError, ChatRequest, CompletionRequest, error_body, validation_error_body,
+)
+from verispec.strategies import StrategyOptions, make_proposer
+
+log = logging.getLogger("verispec.server")
+
+SERVER_STRATEGIES = ("draft", "ar", "ngram", "draft+ngram")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_name: str = "verispec"  # the id clients send as `model` and /v1/models lists
+    strategy: str = "draft"
+    gamma: int = 4
+    api_key: str | None = None
+    max_concurrency: int = 8  # batch rows
+    max_prompt_tokens: int = 2048
+    max_new_tokens_limit: int = 512
+    speculate_max_batch: int = 4
+    batch_draft: bool = True  # False: the draft model runs request by request (the comparison in the README)
+    options: StrategyOptions = field(default_factory=StrategyOptions)
+
+    def __post_init__(self) -> None:
+        if self.strategy not in SERVER_STRATEGIES:
+            raise ValueError(f"the server supports strategies {', '.join(SERVER_STRATEGIES)}, not {self.strategy!r}")
+        for name in ("gamma", "max_concurrency", "max_prompt_tokens", "max_new_tokens_limit"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be at least 1")
+        if not 1 <= self.gamma <= 14:
+            raise ValueError("gamma must be in [1, 14]")
+        if self.speculate_max_batch < 0:
+            raise ValueError("speculate-max-batch must be >= 0 (0 never speculates)")
+
+
+@dataclass
+class Models:
+    target: LoadedModel
+    draft: LoadedModel | None = None
+
+
+def build_scheduler(models: Models, settings: ServerSettings, metrics: ServerMetrics) -> Scheduler:
+    """Check the models fit the server and wire target, proposer and cache rows together."""
+    target = models.target
+    if not isinstance(target.model, LlamaModel):
+        raise ValueError("the server batches requests on the native Llama-family model (llama/qwen2/mistral); "
+                         f"{target.name} is not one")
+    max_len = min(settings.max_prompt_tokens + settings.max_new_tokens_limit,
+                  target.model.cfg.max_position_embeddings)
+    config = SchedulerConfig(max_batch=settings.max_concurrency, max_len=max_len,
+                             speculate_max_batch=settings.speculate_max_batch)
+    proposer: BatchProposer | None = None
+    if settings.strategy == "draft" and models.draft is None:
+        raise ValueError("strategy 'draft' needs a draft model")
+    if settings.strategy == "draft" and settings.batch_draft and isinstance(models.draft.model, LlamaModel):
+        proposer = BatchedDraft(models.draft.model, settings.max_concurrency, max_len,
+                                vocab_size=target.model.vocab_size, gamma=settings.gamma)
+    elif settings.strategy != "ar":  # any other drafting (or a non-native draft model) runs request by request
+        strategy, options, draft = settings.strategy, settings.options, models.draft
+        proposer = PerSequence(lambda n: make_proposer(strategy, target, draft, n, options))
+    return Scheduler(target.model, target.tokenizer, proposer, config, metrics)
+
+
+class _ApiKey:
+    """Pure ASGI middleware: /v1/* needs `Authorization: Bearer <key>` (checked before the body is read)."""
+
+    def __init__(self, app, key: str | None) -> None:
+        self.app, self.key = app, key
+
+    async def __call__(self, scope, receive, send) -> None:
+        if self.key is not None and scope["type"] == "http" and scope["path"].startswith("/v1"):
+            headers = dict(scope.get("headers") or [])
+            given = headers.get(b"authorization", b"").decode("latin-1")
+            if given != f"Bearer {self.key}":
+                message = "missing API key" if not given else "invalid API key"
+                response = JSONResponse(error_body(message, "invalid_request_error", None, "invalid_api_key"), 401)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(settings: ServerSettings, *, models: Models | None = None,
+               load: Callable[[], Models] | None = None,
+               on_load_failure: Callable[[BaseException], None] | None = None) -> FastAPI:
+    """An app serving `models`, or the result of `load()` (run in a thread once the app starts)."""
+    if (models is None) == (load is None):
+        raise ValueError("give exactly one of models and load")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = app.state
+        if models is not None:
+            _ready(state, models)
+        else:
+            threading.Thread(target=_load_in_background, args=(state,), daemon=True, name="verispec-load").start()
+        yield
+        if state.scheduler is not None:
+            state.scheduler.stop()
+
+    def _ready(state, loaded: Models) -> None:
+        scheduler = build_scheduler(loaded, settings, state.metrics)
+        scheduler.start()
+        state.models, state.scheduler, state.status = loaded, scheduler, "ok"
+
+    def _load_in_background(state) -> None:
+        try:
+            _ready(state, load())
+        except BaseException as e:  # noqa: BLE001
+            state.status = "failed"
+            log.error("loading the models failed: %s", e)
+            if on_load_failure is not None:
+                on_load_failure(e)
+
+    app = FastAPI(title="verispec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.settings = settings
+    app.state.metrics = ServerMetrics()
+    app.state.scheduler = None
+    app.state.models = None
+    app.state.status = "loading"
+    app.add_middleware(_ApiKey, key=settings.api_key)
+    _add_error_handlers(app)
+    _add_routes(app)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: HTTPRequest, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(validation_error_body(list(exc.errors())), status_code=400)
+
+    @app.exception_handler(APIError)
+    async def _api(request: HTTPRequest, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: HTTPRequest, exc: StarletteHTTPException) -> JSONResponse:
+        message = {404: "no such endpoint", 405: "method not allowed"}.get(exc.status_code, "request failed")
+        return JSONResponse(error_body(message, "invalid_request_error", None, None), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: HTTPRequest, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return JSONResponse(error_body("internal server error", "server_error", None, None), status_code=500)
+
+
+# ---- request -> prompt ids + params --------------------------------------------------------------------------
+
+
+def _check_ready(app: FastAPI) -> Scheduler:
+    if app.state.scheduler is None:
+        loading = app.state.status == "loading"
+        raise APIError(503, "the models are still loading" if loading else "the models failed to load",
+                       type_="service_unavailable", code="model_loading" if loading else "model_load_failed")
+    return app.state.scheduler
+
+
+def _check_model(name: str | None, settings: ServerSettings) -> None:
+    if name is not None and name != settings.model_name:
+        raise APIError(404, f"the model {name!r} does not exist; this server serves {settings.model_name!r}",
+                       param="model", code="model_not_found")
+
+
+def _prompt_ids(app: FastAPI, body: CompletionRequest | ChatRequest) -> list[int]:
+    with app.state.scheduler.tokenizer_lock:
+        return _encode(app.state.models.target.tokenizer, body)
+
+
+def _encode(tok, body: CompletionRequest | ChatRequest) -> list[int]:
+    if isinstance(body, ChatRequest):
+        try:
+            ids = tok.chat(body.chat_messages())
+        except ValueError as e:  # no chat template
+            raise APIError(400, str(e), param="messages") from None
+    elif isinstance(body.prompt, str):
+        ids = tok.encode(body.prompt)
+    else:
+        ids = list(body.prompt)
+        vocab = len(tok)
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})",
+                           param="prompt", code="invalid_token_id")
+    param = "messages" if isinstance(body, ChatRequest) else "prompt"
+    if not ids:
+        raise APIError(400, f"{param}: the prompt is empty after tokenization", param=param)
+    return ids
+
+
+def _params(app: FastAPI, body: CompletionRequest | ChatRequest, prompt: list[int], scheduler: Scheduler,
+            ) -> GenerationParams:
+    settings: ServerSettings = app.state.settings
+    param = "messages" if isinstance(body, ChatRequest) else "prompt"
+    if len(prompt) > settings.max_prompt_tokens:
+        raise APIError(400, f"the prompt has {len(prompt)} tokens; this server accepts at most "
+                            f"{settings.max_prompt_tokens}", param=param, code="context_length_exceeded")
+    room = scheduler.max_len - len(prompt)
+    max_tokens = body.max_tokens
+    if max_tokens is None:
+        max_tokens = min(settings.max_new_tokens_limit, room)
+        if max_tokens < 1:
+            raise APIError(400, "the prompt leaves no room for new tokens in the model's context",
+                           param=param, code="context_length_exceeded")
+    elif max_tokens > settings.max_new_tokens_limit:
+        raise APIError(400, f"max_tokens is {max_tokens}; this server allows at most "
+                            f"{settings.max_new_tokens_limit}", param="max_tokens")
+    elif max_tokens > room:
+        raise APIError(400, f"the prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the "
+                            f"context of {scheduler.max_len} tokens", param="max_tokens",
+                       code="context_length_exceeded")
+    sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
+    tok = app.state.models.target.tokenizer
+    return GenerationParams(max_new_tokens=max_tokens, gamma=settings.gamma, sampling=sampling, seed=body.seed,
+                            eos_ids=tok.eos_ids)
+
+
+# ---- routes ----------------------------------------------------------------------------------------------------
+
+
+def _add_routes(app: FastAPI) -> None:
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        status = app.state.status
+        return JSONResponse({"status": status}, status_code=200 if status == "ok" else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(app.state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [{"id": app.state.settings.model_name, "object": "model",
+                                            "created": 0, "owned_by": "verispec"}]}
+
+    @app.get("/v1/state")
+    async def state() -> dict:
+        """Scheduler occupancy (extension): running / waiting requests and batch rows in use."""
+        scheduler = _check_ready(app)
+        return scheduler.state()
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, http: HTTPRequest) -> Response:
+        return await _serve(app, http, body, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, http: HTTPRequest) -> Response:
+        return await _serve(app, http, body, chat=True)
+
+
+async def _serve(app: FastAPI, http: HTTPRequest, body: CompletionRequest | ChatRequest, *, chat: bool) -> Response:
+    scheduler = _check_ready(app)
+    _check_model(body.model, app.state.settings)
+    prompt = _prompt_ids(app, body)
+    params = _params(app, body, prompt, scheduler)
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[Event] = asyncio.Queue()
+
+    def sink(event: Event) -> None:  # called on the scheduler thread
+        loop.call_soon_threadsafe(events.put_nowait, event)
+
+    request = Request(prompt=prompt, params=params, sink=sink, stop=body.stop)
+    scheduler.submit(request)
+    ids = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    shape = _Shape(id=ids, created=int(time.time()), model=app.state.settings.model_name, chat=chat,
+                   token_ids=body.return_token_ids)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_sse(shape, events, request, include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        text, token_ids = [], []
+        while True:
+            try:
+                event = await asyncio.wait_for(events.get(), timeout=0.5)
+            except TimeoutError:
+                if await http.is_disconnected():
+                    request.cancel()
+                    return Response(status_code=499)
+                continue
+            if isinstance(event, Delta):
+                text.append(event.text)
+                token_ids.extend(event.token_ids)
+            elif isinstance(event, Failed):
+                raise APIError(500, event.message, type_="server_error")
+            else:
+                return JSONResponse(shape.full("".join(text), token_ids, event))
+    finally:
+        request.cancel()  # a no-op once finished; frees the row if the handler is left early
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """OpenAI response bodies for one request (completion or chat, full or chunk)."""
+
+    id: str
+    created: int
+    model: str
+    chat: bool
+    token_ids: bool
+
+    def _head(self, chunk: bool) -> dict[str, Any]:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def full(self, text: str, token_ids: list[int], done: Done) -> dict[str, Any]:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": done.finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": done.finish_reason}
+        if self.token_ids:
+            choice["token_ids"] = token_ids
+        return {**self._head(False), "choices": [choice], "usage": done.usage}
+
+    def chunk(self, text: str | None, token_ids: list[int] | None, finish_reason: str | None,
+              role: bool = False) -> dict[str, Any]:
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        if self.token_ids and token_ids is not None:
+            choice["token_ids"] = token_ids
+        return {**self._head(True), "choices": [choice]}
+
+    def usage_chunk(self, usage: dict) -> dict[str, Any]:
+        return {**self._head(True), "choices": [], "usage": usage}
+
+
+def _data(obj: dict | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
+
+
+async def _sse(shape: _Shape, events: asyncio.Queue, request: Request, include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events: role chunk (chat), text chunks, a finish chunk, usage (if asked), then [DONE].
+
+    A failure after the stream has begun cannot change the status code any more: it is sent as an error
+    chunk, followed by [DONE]. Leaving this generator early (client gone) cancels the request, and the
+    scheduler frees its batch row at its next step.
+    """
+    try:
+        if shape.chat:
+            yield _data(shape.chunk("", [], None, role=True))
+        while True:
+            event = await events.get()
+            if isinstance(event, Delta):
+                if event.text or shape.token_ids:
+                    yield _data(shape.chunk(event.text, event.token_ids, None))
+            elif isinstance(event, Failed):
+                yield _data(error_body(event.message, "server_error", None, None))
+                break
+            else:
+                yield _data(shape.chunk(None if shape.chat else "", None, event.finish_reason))
+                if include_usage:
+                    yield _data(shape.usage_chunk(event.usage))
+                break
+        yield _data("[DONE]")
+    finally:
+        request.cancel()
