@@ -87,6 +87,8 @@ def _load_random(spec: str, dtype: torch.dtype, device: str) -> LoadedModel:
         raise ModelError(f"cannot read the config and tokenizer in {path}: {e}") from e
     seed = int.from_bytes(path.name.encode()[:4].ljust(4, b"\0"), "little")  # different models, different weights
     model = LlamaModel.random(cfg, seed=seed, dtype=dtype)
+    with torch.no_grad():  # peaky logits (std ~40, not ~1): near-ties would make bf16 rounding flip argmaxes
+        model.lm_head.weight.mul_(50.0)
     return LoadedModel(model=model.to(device), tokenizer=tokenizer, path=path, name=spec)
 
 
