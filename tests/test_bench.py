@@ -198,6 +198,21 @@ def test_bench_command_end_to_end(pair, prompts_file, tmp_path, capsys):
     # the theory command reads the report back
     code, stdout, _ = run_inline(capsys, "theory", "--report", str(out))
     assert code == 0 and "draft, T=0.0: measured alpha" in stdout
+    # --rerender rebuilds the same report from the recorded runs alone
+    (out / "report.json").unlink()
+    (out / "report.md").unlink()
+    code, stdout, err = run_inline(capsys, "bench", "--rerender", str(out))
+    assert code == 0, err
+    again = json.loads((out / "report.json").read_text())
+    timing = ("tokens_per_s", "speedup", "own_speedup", "latency", "ttft", "c")  # runs.jsonl rounds seconds
+    assert len(again["summary"]) == len(report["summary"])
+    for a, b in zip(again["summary"], report["summary"]):
+        assert {k: v for k, v in a.items() if not k.startswith(timing)} == \
+               {k: v for k, v in b.items() if not k.startswith(timing)}
+        assert a["tokens_per_s"] == pytest.approx(b["tokens_per_s"], rel=0.02)
+    assert "## greedy: all prompts" in stdout
+    code, _, err = run_inline(capsys, "bench", "--rerender", str(tmp_path / "nothing-here"))
+    assert code == 2 and "no recorded runs" in err and len(err.strip().splitlines()) == 1
 
 
 def test_bench_synthetic_on_random_weights(pair, prompts_file, tmp_path, capsys):

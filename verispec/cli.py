@@ -144,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="synthetic acceptance, for speed runs with random weights (--target random:DIR): drafts "
                         "are the target's own greedy tokens, each wrong with this probability; greedy only")
     b.add_argument("--no-warmup", action="store_true", help="skip the warm-up pass (first calls are slower)")
+    b.add_argument("--rerender", default=None, metavar="DIR",
+                   help="rebuild DIR's report.md, report.json and plots from its recorded runs (after a Ctrl-C or an upgrade); runs nothing")
     b.add_argument("--out", default="bench-report", help="directory for report.json, report.md, runs.jsonl and plots (default: %(default)s)")
     cal = sub.add_parser("calibrate-layerskip", help="measure layerskip depths on a few prompts and save the fastest for the target")
     cal.add_argument("--target", default=DEFAULT_TARGET, help="HF directory, .gguf file or packaged name (default: %(default)s)")

@@ -96,8 +96,47 @@ def _references(target, prompts: list[list[int]], max_new_tokens: int, progress:
     return {tuple(p): generate(target.model, p, params).token_ids for p in prompts}
 
 
+def rerender(out: Path) -> dict[str, Path]:
+    """Rebuild a report from the runs recorded in `out` (runs.jsonl, else report.json), with today's report code.
+
+    A peer's rounds count only for its plain decoding: its streamer's chunks are not verification rounds
+    (older reports recorded them anyway)."""
+    from verispec.bench.report import write_report
+    from verispec.bench.runner import run_from_dict
+
+    report_path, log_path = out / "report.json", out / "runs.jsonl"
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    if log_path.exists() and log_path.stat().st_size:
+        dicts = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    else:
+        dicts = report.get("runs", [])
+    if not dicts:
+        raise ValueError(f"{out} holds no recorded runs (runs.jsonl or report.json)")
+    runs = [run_from_dict(d) for d in dicts]
+    for r in runs:
+        if r.config.system != "verispec" and not r.config.plain:
+            r.rounds = None
+    configs: list[Config] = []
+    for r in runs:  # the order they were first run in: build_configs' order
+        if r.config not in configs:
+            configs.append(r.config)
+    meta = dict(report.get("meta", {}))
+    meta["rerendered"] = time.strftime("%Y-%m-%d %H:%M:%S %Z") + f" from {len(runs)} recorded runs"
+    extra = {k: v for k, v in report.items() if k not in ("meta", "summary", "theory", "runs")}
+    return write_report(out, runs, configs, meta, extra)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from verispec.bench.report import write_report
+
+    if args.rerender is not None:
+        try:
+            paths = rerender(Path(args.rerender))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            fail(f"cannot re-render {args.rerender}: {e}")
+        print(paths["md"].read_text())
+        print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+        return 0
     from verispec.bench.suite import load_prompts
     from verispec.models.load import default_threads
     from verispec.strategies import get

@@ -211,9 +211,13 @@ def markdown(rows: Sequence[Row], meta: dict[str, Any], theory: list[dict[str, A
                 )
         lines.append("")
         for t in theory:
+            optimum = (
+                t["optimal_gamma"] if t["optimal_gamma"] is not None
+                else "unbounded (c = 0: a longer draft costs nothing, so only the verification curve limits γ)"
+            )
             lines.append(
                 f"- {t['strategy']}, T={t['temperature']}: α {t['alpha']:.3f}, c {t['c']:.3f} → theory's optimal γ "
-                f"{t['optimal_gamma']}; best measured γ {t['best_measured_gamma']} (of those run)"
+                f"{optimum}; best measured γ {t['best_measured_gamma']} (of those run)"
             )
         lines.append("")
     if costs:

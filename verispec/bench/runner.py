@@ -89,6 +89,16 @@ class Run:
         }
 
 
+def run_from_dict(d: dict[str, Any]) -> Run:
+    """Inverse of Run.to_dict (for re-rendering a report from its runs)."""
+    config = Config(d["system"], d["strategy"], d["gamma"], d["temperature"])
+    return Run(
+        d["prompt_id"], d["category"], config, d["rep"], list(d["token_ids"]), d["seconds"],
+        [(t, k) for t, k in d["arrivals"]], d["rounds"], d["drafted"], d["accepted"],
+        list(d["drafted_per_position"]), list(d["accepted_per_position"]), d["c"], d["finish_reason"],
+    )
+
+
 class Backend(Protocol):
     def run(self, config: Config, prompt: list[int], max_new_tokens: int, seed: int) -> Run: ...
 
