@@ -57,6 +57,9 @@ def _model_args(p: argparse.ArgumentParser, default_target: str, default_draft: 
     p.add_argument("--layers", type=int, default=None,
                    help="layerskip: draft with the target's first LAYERS blocks (default: the saved "
                         "`verispec calibrate-layerskip` choice for the target, else half its layers)")
+    p.add_argument("--draft-confidence", type=_finite, default=None,
+                   help="draft/adaptive: stop drafting after a token the draft gave less than this probability "
+                        "(default: 0 for draft, 0.3 for adaptive)")
     p.add_argument("--window", type=int, default=5, help="lookahead: Jacobi window width W (default: %(default)s)")
     p.add_argument("--lookahead-ngram", type=int, default=3, help="lookahead: n-gram size N, window levels + 1 (default: %(default)s)")
     p.add_argument("--lookahead-candidates", type=int, default=5, help="lookahead: pool n-grams kept per first token, G (default: %(default)s)")
@@ -71,7 +74,10 @@ def _options(args: argparse.Namespace):
         fail(f"--layers must be at least 1, got {args.layers}")
     if args.window < 1 or args.lookahead_ngram < 2 or args.lookahead_candidates < 1:
         fail("need --window >= 1, --lookahead-ngram >= 2 and --lookahead-candidates >= 1")
+    if args.draft_confidence is not None and not 0 <= args.draft_confidence <= 1:
+        fail(f"--draft-confidence must be in [0, 1], got {args.draft_confidence}")
     return StrategyOptions(
+        draft_confidence=args.draft_confidence,
         ngram_max=args.ngram_max,
         ngram_min=args.ngram_min,
         layerskip_layers=args.layers,

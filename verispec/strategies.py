@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
+from verispec.proposers.adaptive import AdaptiveGammaProposer
 from verispec.proposers.base import Proposer
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.layerskip import LayerSkipProposer, load_calibration, model_id
@@ -29,6 +30,10 @@ class StrategyOptions:
     lookahead_window: int = 5  # W: Jacobi window columns
     lookahead_ngram: int = 3  # N: n-gram size (window levels + 1)
     lookahead_candidates: int = 5  # G: pool continuations kept per first token
+    draft_confidence: float | None = None  # stop drafting below this draft probability; None: the strategy's default
+
+
+ADAPTIVE_CONFIDENCE = 0.3  # adaptive's default confidence stop
 
 
 @dataclass(frozen=True)
@@ -40,9 +45,16 @@ class Strategy:
     build: Callable[[LoadedModel, LoadedModel | None, int, StrategyOptions], Proposer | None]
 
 
-def _draft(target: LoadedModel, draft: LoadedModel | None, max_len: int, options: StrategyOptions) -> Proposer:
+def _draft(target: LoadedModel, draft: LoadedModel | None, max_len: int, options: StrategyOptions,
+           confidence: float = 0.0) -> DraftModelProposer:
     assert draft is not None
-    return DraftModelProposer(draft.model, max_len, vocab_size=target.model.vocab_size)
+    if options.draft_confidence is not None:
+        confidence = options.draft_confidence
+    return DraftModelProposer(draft.model, max_len, vocab_size=target.model.vocab_size, confidence=confidence)
+
+
+def _adaptive(target: LoadedModel, draft: LoadedModel | None, max_len: int, options: StrategyOptions) -> Proposer:
+    return AdaptiveGammaProposer(_draft(target, draft, max_len, options, confidence=ADAPTIVE_CONFIDENCE))
 
 
 def _native(target: LoadedModel, strategy: str) -> LlamaModel:
@@ -82,6 +94,8 @@ STRATEGIES: dict[str, Strategy] = {
     for s in [
         Strategy("ar", False, "plain autoregressive decoding with the target alone", lambda *a: None),
         Strategy("draft", True, "a separate, smaller draft model", _draft),
+        Strategy("adaptive", True, "the draft model, gamma chosen per round from live alpha and c (--gamma caps it), "
+                 "stopping where the draft is unsure", _adaptive),
         Strategy("layerskip", False, "self-speculation: the target's first layers draft (no draft model)", _layerskip),
         Strategy("lookahead", False, "lookahead decoding: Jacobi window + n-gram pool (no draft model)", _lookahead),
         Strategy("ngram", False, "prompt lookup: copy what followed the last match of the suffix (no model)", _ngram),

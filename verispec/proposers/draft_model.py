@@ -20,7 +20,13 @@ class DraftModelProposer:
     catches up without re-running the prefix.
     """
 
-    def __init__(self, model: CausalLM, max_len: int, vocab_size: int | None = None) -> None:
+    def __init__(self, model: CausalLM, max_len: int, vocab_size: int | None = None, confidence: float = 0.0) -> None:
+        """confidence: stop drafting after a token the draft itself gave less than this probability (0: always
+        draft the gamma asked for). Where the draft is unsure the next guesses are likely wasted draft forwards;
+        the proposal length depends on the draft alone, so this cannot change the output distribution."""
+        if not 0.0 <= confidence <= 1.0:
+            raise ValueError(f"draft confidence must be in [0, 1], got {confidence}")
+        self.confidence = confidence
         self.model = model
         self.vocab_size = vocab_size or model.vocab_size  # the target's; embedding tables may be padded
         self.cache = model.new_cache(max_len)
@@ -64,12 +70,16 @@ class DraftModelProposer:
             self.cache.commit(len(feed))  # provisional; undone in observe()
             if sampling.greedy:
                 token = int(logits.argmax())
+                sure = self.confidence == 0.0 or float(torch.softmax(logits.float(), -1)[token]) >= self.confidence
             else:
                 q = logits_to_probs(logits, sampling)
                 token = int(sample(q, generator))
                 qs.append(q)
+                sure = float(q[token]) >= self.confidence
             tokens.append(token)
             feed = [token]
+            if not sure:
+                break
         self.fed = self.cache.length - base
         self.cache.rollback(self.fed)
         q_all = torch.stack(qs) if qs else None

@@ -1,0 +1,134 @@
+"""Adaptive gamma and the draft's confidence stop: they change speed, never the output.
+
+Checked: the confidence stop cuts proposals exactly where the draft's own probability falls below the
+threshold and the draft cache stays right afterwards (greedy output equals plain decoding); the alpha
+estimator counts rejections, not untested tokens; gamma follows alpha and c and never exceeds the cap;
+sampling with both keeps the target's law (the statistical check of tests/test_losslessness.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.test_ngram import assert_draft_cache_is_fresh_prefill
+from tests.test_losslessness import N, Verdict, chi_square_pvalue, exact_law, noise_floor, sample_engine, tv
+from verispec.engine import GenerationParams, generate
+from verispec.proposers.adaptive import AdaptiveGammaProposer
+from verispec.proposers.draft_model import DraftModelProposer
+from verispec.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+MAX_NEW = 40
+PROMPTS = [[1, 5, 9, 2], [3, 3, 7, 1, 8, 2, 6], [4]]
+
+
+@pytest.fixture(scope="module")
+def plain(wide_target) -> dict[tuple[int, ...], list[int]]:
+    params = GenerationParams(max_new_tokens=MAX_NEW, sampling=GREEDY)
+    return {tuple(p): generate(wide_target, p, params).token_ids for p in PROMPTS}
+
+
+def draft_probs(draft, tokens: list[int]) -> torch.Tensor:
+    """The draft's next-token distribution after `tokens`, by a fresh prefill."""
+    cache = draft.new_cache(len(tokens) + 1)
+    logits = draft.forward(torch.tensor([tokens]), cache, last_n=1)[0, -1].float()
+    return torch.softmax(logits, -1)
+
+
+@pytest.mark.parametrize("confidence", [0.0, 0.5, 0.9, 1.0])
+def test_confidence_stop_cuts_where_the_draft_is_unsure(wide_draft, confidence):
+    prompt = PROMPTS[1]
+    proposer = DraftModelProposer(wide_draft, 64, confidence=confidence)
+    proposer.reset(prompt)
+    tokens = proposer.propose(6, GREEDY, torch.Generator()).tokens.tolist()
+    probs = [float(draft_probs(wide_draft, prompt + tokens[:i])[t]) for i, t in enumerate(tokens)]
+    # every token but the last was drafted with probability >= confidence; the last is below it, or gamma was hit
+    assert all(p >= confidence for p in probs[:-1]), probs
+    assert len(tokens) == 6 or probs[-1] < confidence, probs
+    if confidence == 1.0:
+        assert len(tokens) == 1  # no token of a random model is certain
+
+
+@pytest.mark.parametrize("confidence", [0.3, 0.6])
+@pytest.mark.parametrize("gamma", [2, 5])
+def test_greedy_equals_plain(wide_target, wide_draft, plain, confidence, gamma):
+    for prompt, expected in plain.items():
+        proposer = AdaptiveGammaProposer(DraftModelProposer(wide_draft, 128, confidence=confidence))
+        res = generate(wide_target, list(prompt), GenerationParams(max_new_tokens=MAX_NEW, gamma=gamma,
+                                                                   sampling=GREEDY), proposer)
+        assert res.token_ids == expected, (prompt, confidence, gamma)
+        assert all(1 <= g <= gamma for g in proposer.gammas)
+        assert res.metrics.accepted > 0, prompt
+
+
+def test_alpha_counts_rejections_not_untested_tokens(wide_draft):
+    proposer = AdaptiveGammaProposer(DraftModelProposer(wide_draft, 64), decay=1.0, prior_weight=1e-9)
+    proposer.reset([1, 2, 3])
+    for accepted in (4, 1, 0, 3):  # gamma 4: rounds with 4 (no rejection), 1, 0 and 3 accepted
+        proposer._asked = 4
+        proposer.draft.fed = 0
+        proposer.observe(accepted, [7] * (accepted + 1))
+    # 8 accepted, 3 rejections -> 8/11; accepted/drafted would say 8/16
+    assert proposer.alpha == pytest.approx(8 / 11)
+
+
+@pytest.mark.parametrize("alpha, c, expected", [(0.95, 0.05, 8), (0.3, 0.5, 1), (0.8, 0.2, 4)])
+def test_gamma_follows_alpha_and_c_under_the_cap(wide_draft, alpha, c, expected):
+    proposer = AdaptiveGammaProposer(DraftModelProposer(wide_draft, 64, confidence=0.0), prior_alpha=alpha,
+                                     prior_weight=1e6, prior_c=c, decay=1.0)
+    proposer.reset([1, 2, 3])
+    proposal = proposer.propose(8, GREEDY, torch.Generator())
+    assert proposer.gammas == [expected] and proposal.tokens.numel() == expected
+
+
+@pytest.mark.parametrize("temperature, gamma, confidence, seed_base", [
+    (1.0, 3, 0.3, 51_000_000), (0.7, 4, 0.5, 52_000_000),
+])
+def test_sampling_matches_exact_law(tiny_target, tiny_draft, temperature, gamma, confidence, seed_base):
+    sampling = SamplingParams(temperature=temperature)
+    made: list[AdaptiveGammaProposer] = []
+
+    def make(max_len: int) -> AdaptiveGammaProposer:
+        made.append(AdaptiveGammaProposer(DraftModelProposer(tiny_draft, max_len, confidence=confidence)))
+        return made[-1]
+
+    law = exact_law(tiny_target, sampling)
+    run = sample_engine(tiny_target, None, sampling, gamma, seed_base, make_proposer=make)
+    verdict = Verdict(tv(run.counts, law), noise_floor(law, N, seed=12345), chi_square_pvalue(run.counts, law),
+                      run.alpha)
+    lengths = [g for m in made for g in m.gammas]
+    print(f"\n[adaptive] T={temperature} cap={gamma} conf={confidence}: {verdict}; gammas {sorted(set(lengths))}")
+    assert verdict.alpha is not None and 0.05 < verdict.alpha < 0.95, verdict
+    assert verdict.passes, verdict
+
+
+class CheckedAdaptive(AdaptiveGammaProposer):
+    """After every round the draft's cache must be a fresh prefill of the text, however short the proposal was."""
+
+    def reset(self, prompt: list[int]) -> None:
+        super().reset(prompt)
+        self.text, self.checked, self.short = list(prompt), 0, 0
+
+    def propose(self, gamma, sampling, generator):
+        proposal = super().propose(gamma, sampling, generator)
+        self.short += proposal.tokens.numel() < self.gammas[-1]
+        return proposal
+
+    def observe(self, num_accepted: int, emitted: list[int]) -> None:
+        super().observe(num_accepted, emitted)
+        self.text += emitted
+        assert_draft_cache_is_fresh_prefill(self.draft, self.text)
+        self.checked += 1
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0)], ids=["greedy", "T1"])
+def test_draft_cache_stays_fresh_after_short_proposals(wide_target, wide_draft, sampling):
+    checked = short = 0
+    for i, prompt in enumerate(PROMPTS):
+        proposer = CheckedAdaptive(DraftModelProposer(wide_draft, 128, confidence=0.6), prior_c=0.01)
+        res = generate(wide_target, prompt, GenerationParams(max_new_tokens=MAX_NEW, gamma=5, sampling=sampling,
+                                                             seed=i), proposer)
+        assert proposer.text == prompt + res.token_ids
+        checked, short = checked + proposer.checked, short + proposer.short
+    assert checked > 20 and short > 5  # rounds cut short by the confidence stop happened and were checked
