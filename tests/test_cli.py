@@ -146,6 +146,8 @@ def test_prompt_beyond_the_context_is_one_line(pair, capsys):
     ("layerskip", ["--layers", "1"]),
     ("lookahead", ["--window", "3", "--lookahead-ngram", "3", "--lookahead-candidates", "2"]),
     ("draft+ngram", []),
+    ("adaptive", []),
+    ("draft", ["--draft-confidence", "0.5"]),
 ])
 def test_every_strategy_from_the_cli_equals_plain(pair, capsys, strategy, extra):
     spec = gen_json(pair, capsys, "--strategy", strategy, "--gamma", "3", *extra)
@@ -158,6 +160,7 @@ def test_every_strategy_from_the_cli_equals_plain(pair, capsys, strategy, extra)
     (["--strategy", "layerskip", "--layers", "0"], "--layers"),
     (["--strategy", "lookahead", "--window", "0"], "--window"),
     (["--strategy", "nope"], "unknown strategy"),
+    (["--strategy", "adaptive", "--draft-confidence", "1.5"], "--draft-confidence"),
 ])
 def test_bad_strategy_options(pair, capsys, args, needle):
     target, draft = pair
