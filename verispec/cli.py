@@ -46,9 +46,10 @@ def _strategy_help() -> str:
 def _model_args(p: argparse.ArgumentParser, default_target: str, default_draft: str) -> None:
     p.add_argument("--target", default=default_target, help="HF directory, .gguf file or packaged name (default: %(default)s)")
     p.add_argument("--draft", default=default_draft, help="draft model, same forms (default: %(default)s)")
-    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                   help="the target's precision; output is lossless relative to the target as run (default: %(default)s)")
-    p.add_argument("--draft-dtype", choices=["bfloat16", "float32", "int8"], default=None,
+    p.add_argument("--dtype", choices=["bfloat16", "float32", "int8", "int4"], default="bfloat16",
+                   help="the target's precision (int8/int4: weight-only quantized, CPU); output is lossless relative "
+                        "to the target as run (default: %(default)s)")
+    p.add_argument("--draft-dtype", choices=["bfloat16", "float32", "int8", "int4"], default=None,
                    help="the draft's precision; it never changes the output distribution (default: int8 with a "
                         "bfloat16 target on the CPU, else the target's)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
@@ -92,7 +93,7 @@ def draft_dtype(args: argparse.Namespace) -> str:
     draft runs in the target's precision unless told."""
     if args.draft_dtype:
         return args.draft_dtype
-    return "int8" if args.dtype == "bfloat16" and args.device == "cpu" else args.dtype
+    return "int8" if args.dtype in ("bfloat16", "int8", "int4") and args.device == "cpu" else args.dtype
 
 
 def _load_models(args: argparse.Namespace, strategies: list[str], progress: bool):

@@ -189,7 +189,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     backends: dict[str, Any] = {"verispec": VerispecBackend(target, draft, tok.eos_ids, options, synthetic=synthetic)}
     if "hf" in peers:
         backends["hf"] = HFBackend(target.path, None if draft is None else draft.path, tok.eos_ids, tok.hf.pad_token_id,
-                                   torch.bfloat16 if args.dtype == "bfloat16" else torch.float32,
+                                   torch.float32 if args.dtype == "float32" else torch.bfloat16,  # its nearest to int8/int4: bf16
                                    ngram_max=options.ngram_max)
     if "llama.cpp" in peers:
         gguf = _gguf_path(args.target)

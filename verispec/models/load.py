@@ -12,6 +12,7 @@ import torch
 from verispec.models.errors import ModelError
 from verispec.models.base import CausalLM
 from verispec.models.llama import LlamaConfig, LlamaModel
+from verispec.models.quant import QUANTIZED
 from verispec.models.tokenizer import Tokenizer
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
@@ -93,15 +94,18 @@ def _load_random(spec: str, dtype: torch.dtype, device: str) -> LoadedModel:
 
 
 def load(spec: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu", progress: bool = True) -> LoadedModel:
-    """dtype: bfloat16 | float32, or int8 (weight-only int8 linears, bfloat16 activations; native models).
-    spec: a packaged name, a .gguf file, a Hugging Face directory, or random:DIR (DIR's shapes, random weights)."""
-    int8 = dtype == "int8"
-    torch_dtype = torch.bfloat16 if int8 else DTYPES[dtype] if isinstance(dtype, str) else dtype
+    """dtype: bfloat16 | float32, or int8 | int4 (weight-only quantized linears, bfloat16 activations; native
+    models). spec: a packaged name, a .gguf file, a Hugging Face directory, or random:DIR (DIR's shapes, random
+    weights)."""
+    quantized = dtype if dtype in QUANTIZED else None
+    torch_dtype = torch.bfloat16 if quantized else DTYPES[dtype] if isinstance(dtype, str) else dtype
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelError("--device cuda was asked for, but this PyTorch build sees no CUDA device")
+    if quantized == "int4" and device != "cpu":
+        raise ModelError("int4 weights use PyTorch's CPU kernel: run them with --device cpu")
     if spec.startswith(RANDOM_PREFIX):
-        if int8:
-            raise ModelError("random weights come in bfloat16 or float32, not int8")
+        if quantized:
+            raise ModelError(f"random weights come in bfloat16 or float32, not {quantized}")
         return _load_random(spec, torch_dtype, device)
     path = resolve(spec, progress=progress)
     try:
@@ -109,14 +113,14 @@ def load(spec: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot read {path / 'config.json'}: {e}") from e
     model_type = config.get("model_type")
-    if int8 and model_type not in NATIVE_TYPES:
-        raise ModelError(f"int8 weights need the native model; {path.name} is a {model_type} model")
+    if quantized and model_type not in NATIVE_TYPES:
+        raise ModelError(f"{quantized} weights need the native model; {path.name} is a {model_type} model")
     _check_memory(path, config, torch_dtype)
     try:
-        if int8:
-            from verispec.models.quant import load_int8_llama
+        if quantized:
+            from verispec.models.quant import load_quantized_llama
 
-            model: CausalLM = load_int8_llama(path).to(device)
+            model: CausalLM = load_quantized_llama(path, quantized).to(device)
         elif model_type in NATIVE_TYPES:
             model = LlamaModel.from_hf_dir(path, dtype=torch_dtype, device=device)
         else:  # any other architecture runs through transformers

@@ -1,8 +1,10 @@
-"""Weight-only int8 for linear layers (per-output-channel scales).
+"""Weight-only quantized linear layers: int8 (per-output-channel scales) and int4 (groupwise, asymmetric).
 
-On this kind of CPU a 1-token matmul is bound by reading weights, and PyTorch's int8-weight kernel reads
-half the bytes of bf16, so it is 2-3x faster there (slower for many tokens at once). That suits a draft
-model, which runs one token at a time, and its precision is free: losslessness depends on the target only.
+On this kind of CPU a 1-token matmul is bound by reading weights, and PyTorch's int8- and int4-weight
+kernels read a half / about a third of the bytes of bf16, so they are faster there (less so, or slower, for
+many tokens at once). A draft model runs one token at a time and its precision is free: losslessness depends
+on the target only. A quantized *target* is a different model: speculative output is then lossless relative
+to that model as run, which is what `--dtype int8|int4` means.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from torch import Tensor, nn
 
 if TYPE_CHECKING:
     from verispec.models.llama import LlamaModel
+
+QUANTIZED = ("int8", "int4")
+INT4_GROUP = 32  # the sub-block of GGUF's Q4_K: its 4-bit grids requantize with little extra error
 
 
 class Int8Linear(nn.Module):
@@ -37,35 +42,77 @@ class Int8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
-def quantize_int8(model: nn.Module) -> nn.Module:
+class Int4Linear(nn.Module):
+    """4-bit weights in groups of `group` along the input: w = (q - 8) * scale + zero, q in 0..15, with the
+    group's min and max on the grid. PyTorch's CPU kernel wants N % 16 == 0 and K % group == 0."""
+
+    def __init__(self, linear: nn.Linear, group: int = INT4_GROUP) -> None:
+        super().__init__()
+        n, k = linear.out_features, linear.in_features
+        w = linear.weight.detach().float().reshape(n, k // group, group)
+        lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+        scale = ((hi - lo) / 15.0).clamp_min(1e-8)
+        q = ((w - lo) / scale).round().clamp(0, 15).reshape(n, k).to(torch.int32)
+        zero = lo + 8.0 * scale
+        self.register_buffer("weight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+        sz = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous()  # [K / group, N, 2]
+        self.register_buffer("scales_and_zeros", sz.to(torch.bfloat16))
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(torch.bfloat16), requires_grad=False)
+        self.in_features, self.out_features, self.group = k, n, group
+
+    @staticmethod
+    def fits(linear: nn.Linear, group: int = INT4_GROUP) -> bool:
+        return linear.out_features % 16 == 0 and linear.in_features % group == 0
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight, self.group, self.scales_and_zeros)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def quantize(model: nn.Module, kind: str = "int8") -> nn.Module:
     """Replace every nn.Linear (including a tied LM head, which gets its own copy) in place; the model
-    must run in bfloat16 activations afterwards."""
-    for name, module in list(model.named_modules()):
+    must run in bfloat16 activations afterwards. int4 falls back to int8 for a layer its kernel cannot take."""
+    if kind not in QUANTIZED:
+        raise ValueError(f"unknown quantization {kind!r}; choose from {', '.join(QUANTIZED)}")
+    for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, child_name, Int8Linear(child))
+                four = kind == "int4" and Int4Linear.fits(child)
+                setattr(module, child_name, Int4Linear(child) if four else Int8Linear(child))
     return model
 
 
-INT8_FILE = "verispec-int8.safetensors"
+def quantize_int8(model: nn.Module) -> nn.Module:
+    return quantize(model, "int8")
 
 
-def load_int8_llama(path: Path, dtype: torch.dtype = torch.bfloat16) -> "LlamaModel":
-    """A native model with int8 linears, from `path`'s cached int8 weights when present (quantizing costs
-    seconds per start), else quantized now and cached when the directory is writable."""
+def cache_file(kind: str) -> str:
+    return "verispec-int8.safetensors" if kind == "int8" else f"verispec-int4-g{INT4_GROUP}.safetensors"
+
+
+def load_quantized_llama(path: Path, kind: str = "int8", dtype: torch.dtype = torch.bfloat16) -> "LlamaModel":
+    """A native model with quantized linears, from `path`'s cached quantized weights when present (quantizing
+    costs seconds per start), else quantized now and cached when the directory is writable."""
     from safetensors.torch import load_file, save_file
 
     from verispec.models.llama import LlamaConfig, LlamaModel
 
-    cached = path / INT8_FILE
+    cached = path / cache_file(kind)
     if cached.is_file():
         cfg = LlamaConfig.from_hf(json.loads((path / "config.json").read_text()))
         with torch.device("meta"):
-            model = quantize_int8(LlamaModel(cfg))
+            model = quantize(LlamaModel(cfg), kind)
         model.load_state_dict(load_file(str(cached)), strict=True, assign=True)
+        for m in model.modules():  # the kernels' vector loads need aligned memory; a file's offsets may not be
+            if isinstance(m, (Int8Linear, Int4Linear)):
+                for name, buf in list(m.named_buffers(recurse=False)):
+                    setattr(m, name, buf.clone())
         model.init_rope()
         return model.eval()
-    model = quantize_int8(LlamaModel.from_hf_dir(path, dtype=dtype))
+    model = quantize(LlamaModel.from_hf_dir(path, dtype=dtype), kind)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     tmp = cached.with_suffix(".tmp")
     try:
@@ -74,3 +121,7 @@ def load_int8_llama(path: Path, dtype: torch.dtype = torch.bfloat16) -> "LlamaMo
     except OSError:  # a read-only model directory: just don't cache
         tmp.unlink(missing_ok=True)
     return model
+
+
+def load_int8_llama(path: Path, dtype: torch.dtype = torch.bfloat16) -> "LlamaModel":
+    return load_quantized_llama(path, "int8", dtype)
