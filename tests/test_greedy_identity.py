@@ -199,3 +199,17 @@ def test_metrics_count_forwards(wide_target, wide_draft, prompt, gamma):
     assert m.rounds == counted.calls - prefill
     assert m.new_tokens == 10 and m.mean_accepted_length == 10 / m.rounds
     assert m.to_dict()["target_forwards"] == counted.calls
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_round_profile_accounts_for_the_decode_time(wide_target, wide_draft, temperature):
+    proposer = DraftModelProposer(wide_draft, 64)
+    params = GenerationParams(max_new_tokens=MAX_NEW, gamma=3, sampling=SamplingParams(temperature=temperature))
+    res = generate(wide_target, [1, 2, 3, 4], params, proposer)
+    m = res.metrics
+    prof = m.profile()
+    assert prof is not None and all(v >= 0 for v in prof.values()), prof
+    assert prof["draft_ms"] > 0 and prof["target_ms"] > 0 and prof["verify_ms"] > 0
+    decode_ms = (m.seconds - m.prefill_seconds) * 1e3 / m.rounds
+    assert sum(prof.values()) == pytest.approx(decode_ms, abs=0.05)
+    assert m.to_dict()["round_profile"] == prof

@@ -125,6 +125,7 @@ def stream(
             logits, seconds = _timed(lambda: forward(chain), device)  # [g + 1, V]
             extra_logits = None
         metrics.target_seconds += seconds
+        t_verify = time.perf_counter()
         if sampling.greedy:
             verified = verify_greedy(draft[None], logits.argmax(-1)[None])
         else:
@@ -134,7 +135,8 @@ def stream(
             else:  # deterministic proposal: one-hot q
                 q = torch.zeros(g, p.shape[-1], device=device).scatter_(-1, draft[:, None], 1.0)
             verified = verifier(draft[None], p[None], q[None], generator)
-        n = int(verified.num_accepted[0])
+        n = int(verified.num_accepted[0])  # (a device sync: the verify time below includes its kernels)
+        metrics.verify_seconds += time.perf_counter() - t_verify
         emitted = verified.tokens[0, : n + 1].tolist()
         cache.commit(n + 1)  # pending + the accepted drafts; the recovered/bonus token is the new pending
         pending = emitted[-1]

@@ -29,6 +29,7 @@ class RequestMetrics:
     target_seconds: float = 0.0  # decoding forwards only
     draft_forwards: int = 0
     draft_seconds: float = 0.0
+    verify_seconds: float = 0.0  # the verifier (and the logits -> probabilities it needs)
     start: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
     end: float | None = None
@@ -81,6 +82,18 @@ class RequestMetrics:
             return 0.0
         return (self.new_tokens - 1) / max((self.end or time.perf_counter()) - self.first_token, 1e-9)
 
+    def profile(self) -> dict[str, float] | None:
+        """Where a decoding round's time goes, in ms per round: draft, target forward, verification, and the
+        rest (the loop's own work, sampling the proposal's tokens into lists, and the caller's time between
+        yields)."""
+        if not self.rounds:
+            return None
+        decode = self.seconds - self.prefill_seconds
+        other = decode - self.draft_seconds - self.target_seconds - self.verify_seconds
+        per = 1e3 / self.rounds
+        return {"draft_ms": round(self.draft_seconds * per, 2), "target_ms": round(self.target_seconds * per, 2),
+                "verify_ms": round(self.verify_seconds * per, 2), "other_ms": round(other * per, 2)}
+
     @property
     def ttft(self) -> float | None:
         return None if self.first_token is None else self.first_token - self.start
@@ -110,4 +123,5 @@ class RequestMetrics:
             "tokens_per_s": r(self.tokens_per_s, 2),
             "decode_tokens_per_s": r(self.decode_tokens_per_s, 2),
             "ttft_s": r(self.ttft),
+            "round_profile": self.profile(),
         }

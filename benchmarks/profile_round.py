@@ -1,0 +1,92 @@
+"""Where a decoding round's time goes: draft, target forward, verification, the rest — per target precision.
+
+    python benchmarks/profile_round.py --dtypes bfloat16,int8,int4 --strategies ar,draft,adaptive \
+        --gamma 4 --max-new-tokens 128 --limit 2
+
+Runs each (precision, strategy) on the suite's code prompts (greedy), interleaved per prompt, and prints one
+Markdown table: tokens/s, mean accepted length, and per round the ms spent drafting, in the target's forward,
+verifying, and elsewhere (the loop itself). Every precision's `ar` row is the baseline for its speedups: a
+quantized target is a different model, and speculation is lossless relative to the target as run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+from verispec.bench.suite import load_prompts
+from verispec.engine import GenerationParams, generate
+from verispec.models.load import default_threads, load
+from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
+from verispec.strategies import StrategyOptions, make_proposer
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default=DEFAULT_TARGET)
+    ap.add_argument("--draft", default=DEFAULT_DRAFT)
+    ap.add_argument("--dtypes", default="bfloat16,int8,int4", help="target precisions, comma list")
+    ap.add_argument("--draft-dtype", default="int8")
+    ap.add_argument("--strategies", default="ar,draft,adaptive")
+    ap.add_argument("--gamma", type=int, default=4, help="gamma of draft; adaptive gets twice this as its cap")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--categories", default="code_completion,code_instruct")
+    ap.add_argument("--limit", type=int, default=2, help="prompts per category")
+    args = ap.parse_args()
+
+    default_threads()
+    dtypes, strategies = args.dtypes.split(","), args.strategies.split(",")
+    draft = load(args.draft, dtype=args.draft_dtype, progress=True) if any(s != "ar" for s in strategies) else None
+    targets = {d: load(args.target, dtype=d, progress=True) for d in dtypes}
+    tok = next(iter(targets.values())).tokenizer
+    prompts = [tok.chat(list(p.messages)) for p in load_prompts("suite", categories=args.categories.split(","),
+                                                                   limit=args.limit)]
+    configs = [(d, s) for d in dtypes for s in strategies]
+    rows: dict[tuple[str, str], list] = {c: [] for c in configs}
+
+    def run(dtype: str, strategy: str, prompt: list[int], max_new: int):
+        target = targets[dtype]
+        gamma = 2 * args.gamma if strategy == "adaptive" else args.gamma
+        proposer = make_proposer(strategy, target, draft, len(prompt) + max_new + gamma + 2, StrategyOptions())
+        params = GenerationParams(max_new_tokens=max_new, gamma=gamma, eos_ids=tuple(tok.eos_ids))
+        return generate(target.model, prompt, params, proposer).metrics
+
+    for c in configs:  # warm-up: first calls allocate
+        run(*c, prompts[0], 8)
+    t0 = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        order = configs[i % len(configs):] + configs[: i % len(configs)]  # rotate the start, as bench does
+        for c in order:
+            m = run(*c, prompt, args.max_new_tokens)
+            rows[c].append(m)
+            print(f"[{time.perf_counter() - t0:6.0f}s] prompt {i + 1}/{len(prompts)} {c[0]} {c[1]}: "
+                  f"{m.decode_tokens_per_s:.2f} tok/s, {m.profile()}", file=sys.stderr)
+
+    print(f"\nGreedy, {len(prompts)} code prompts x {args.max_new_tokens} new tokens, draft {args.draft_dtype}, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads. ms per round (mean over prompts).\n")
+    print("| target | strategy | decode tok/s | speedup vs own ar (geomean) | mean acc. len | draft ms | target ms "
+          "| verify ms | other ms | other share |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for d, s in configs:
+        ms = rows[(d, s)]
+        base = rows[(d, "ar")] if (d, "ar") in rows else None
+        speed = "–"
+        if base:
+            ratios = [m.decode_tokens_per_s / b.decode_tokens_per_s for m, b in zip(ms, base)]
+            speed = f"{statistics.geometric_mean(ratios):.2f}×"
+        prof = {k: statistics.mean(m.profile()[k] for m in ms) for k in ("draft_ms", "target_ms", "verify_ms", "other_ms")}
+        total = sum(prof.values())
+        tps = statistics.mean(m.decode_tokens_per_s for m in ms)
+        mal = statistics.mean(m.mean_accepted_length for m in ms)
+        label = s + (f" γ≤{2 * args.gamma}" if s == "adaptive" else f" γ={args.gamma}" if s != "ar" else "")
+        print(f"| {d} | {label} | {tps:.2f} | {speed} | {mal:.2f} | {prof['draft_ms']:.1f} | {prof['target_ms']:.1f} "
+              f"| {prof['verify_ms']:.2f} | {prof['other_ms']:.2f} | {100 * prof['other_ms'] / total:.1f}% |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
