@@ -30,7 +30,7 @@ def main() -> int:
     ap.add_argument("--target", default=DEFAULT_TARGET)
     ap.add_argument("--draft", default=DEFAULT_DRAFT)
     ap.add_argument("--dtypes", default="bfloat16,int8,int4", help="target precisions, comma list")
-    ap.add_argument("--draft-dtype", default="int8")
+    ap.add_argument("--draft-dtype", default="int8", help="int8, w8a8, bfloat16, ...")
     ap.add_argument("--strategies", default="ar,draft,adaptive")
     ap.add_argument("--gamma", type=int, default=4, help="gamma of draft; adaptive gets twice this as its cap")
     ap.add_argument("--max-new-tokens", type=int, default=128)

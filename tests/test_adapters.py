@@ -14,7 +14,7 @@ from verispec.engine import GenerationParams, generate
 from verispec.models.hf import HFCausalLM
 from verispec.models.llama import LlamaModel
 from verispec.models.load import load
-from verispec.models.quant import INT4_GROUP, Int4Linear, Int8Linear, cache_file, quantize, quantize_int8
+from verispec.models.quant import INT4_GROUP, Int4Linear, Int8Linear, RowInt8Linear, cache_file, quantize, quantize_int8
 from verispec.proposers.draft_model import DraftModelProposer
 
 PROMPTS = [[7], [7, 8, 9, 10], [20, 21, 7, 7, 8, 9, 11, 12, 13]]
@@ -103,7 +103,7 @@ def test_int4_falls_back_to_int8_where_the_kernel_cannot_go():
     assert any(isinstance(m, Int4Linear) for m in model.modules())
 
 
-@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("kind", ["int8", "int4", "w8a8"])
 def test_quantized_target_speculative_equals_its_own_plain(kind, tmp_path):
     """A quantized target is a model of its own: speculation reproduces *its* greedy output, and the cached
     quantized weights load back to the same model. (Peaky weights, std 1.5: with bf16 activations a 5-token
@@ -121,3 +121,31 @@ def test_quantized_target_speculative_equals_its_own_plain(kind, tmp_path):
         spec = generate(first.model, prompt, params, DraftModelProposer(draft.model, 64))
         assert spec.token_ids == plain.token_ids
         assert spec.metrics.accepted > 0
+
+
+def test_w8a8_rows_do_not_depend_on_the_rest_of_the_batch():
+    """Per-token activation quantization through a per-batch kernel: each row is normalised first, so a token's
+    output is bit-identical alone or beside others (a verification forward must not let later drafts change
+    an earlier position's logits). Rows of very different ranges make a per-batch scale show."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 48, bias=True)
+    q = RowInt8Linear(layer)
+    x = torch.randn(6, 64) * torch.tensor([0.01, 1.0, 30.0, 1.0, 5.0, 0.2])[:, None]
+    x[3] += 4.0  # a row far from zero: the shift must be undone exactly
+    together = q(x)
+    alone = torch.cat([q(x[i : i + 1]) for i in range(6)])
+    assert torch.equal(together, alone)
+    ref = layer(x)
+    rel = (together - ref).norm(dim=-1) / ref.norm(dim=-1)
+    assert rel.max() < 0.03, rel  # 8-bit weights and 8-bit activations: ~1% error per row
+
+
+def test_w8a8_without_row_normalisation_would_depend_on_the_batch():
+    """The check above has teeth: fbgemm's own per-batch activation scale does change a row's output."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 48, bias=False)
+    q = RowInt8Linear(layer)
+    q._pack()
+    x = torch.randn(2, 64) * torch.tensor([0.01, 30.0])[:, None]
+    raw = lambda t: torch.ops.quantized.linear_dynamic(t, q._packed, False)  # noqa: E731
+    assert not torch.equal(raw(x)[:1], raw(x[:1]))

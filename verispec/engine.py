@@ -104,7 +104,9 @@ def stream(
     if proposer is not None:
         if hasattr(proposer, "bind_target_cache"):
             proposer.bind_target_cache(cache)
-        proposer.reset(prompt)
+        t_reset = time.perf_counter()
+        proposer.reset(prompt)  # a draft model prefills here
+        metrics.proposer_prefill_seconds = time.perf_counter() - t_reset
 
     out = result.token_ids
     while True:

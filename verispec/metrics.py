@@ -30,6 +30,7 @@ class RequestMetrics:
     draft_forwards: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # the verifier (and the logits -> probabilities it needs)
+    proposer_prefill_seconds: float = 0.0  # proposer.reset: a draft model's prefill of the prompt
     start: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
     end: float | None = None
@@ -84,11 +85,10 @@ class RequestMetrics:
 
     def profile(self) -> dict[str, float] | None:
         """Where a decoding round's time goes, in ms per round: draft, target forward, verification, and the
-        rest (the loop's own work, sampling the proposal's tokens into lists, and the caller's time between
-        yields)."""
+        rest (the loop's own work and the caller's time between yields). Both prefills are left out."""
         if not self.rounds:
             return None
-        decode = self.seconds - self.prefill_seconds
+        decode = self.seconds - self.prefill_seconds - self.proposer_prefill_seconds
         other = decode - self.draft_seconds - self.target_seconds - self.verify_seconds
         per = 1e3 / self.rounds
         return {"draft_ms": round(self.draft_seconds * per, 2), "target_ms": round(self.target_seconds * per, 2),
@@ -118,6 +118,7 @@ class RequestMetrics:
             "target_seconds": r(self.target_seconds),
             "draft_seconds": r(self.draft_seconds),
             "prefill_seconds": r(self.prefill_seconds),
+            "proposer_prefill_seconds": r(self.proposer_prefill_seconds),
             "c": r(self.c),
             "seconds": r(self.seconds),
             "tokens_per_s": r(self.tokens_per_s, 2),

@@ -211,7 +211,7 @@ class LlamaModel(nn.Module):
 
         path = Path(path)
         cfg = LlamaConfig.from_hf(json.loads((path / "config.json").read_text()))
-        files = sorted(path.glob("*.safetensors"))
+        files = sorted(f for f in path.glob("*.safetensors") if not f.name.startswith("verispec-"))  # not our caches
         if not files:
             raise FileNotFoundError(f"no .safetensors files in {path}")
         with torch.device("meta"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +20,7 @@ from torch import Tensor, nn
 if TYPE_CHECKING:
     from verispec.models.llama import LlamaModel
 
-QUANTIZED = ("int8", "int4")
+QUANTIZED = ("int8", "int4", "w8a8")
 INT4_GROUP = 32  # the sub-block of GGUF's Q4_K: its 4-bit grids requantize with little extra error
 
 
@@ -72,6 +72,51 @@ class Int4Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
+class RowInt8Linear(nn.Module):
+    """int8 weights (per output channel) times int8 activations (per token): fbgemm's VNNI GEMM, which costs
+    about the same for 1 to 8 tokens, so verification stays as cheap as a decoding step.
+
+    fbgemm quantizes its input with one affine scale for the whole batch, which would make a token's result
+    depend on the other tokens in the forward (the drafts after it). So each row is first mapped affinely
+    onto exactly [-1, 1]: every batch then gets the same quantization, row by row, and with integer
+    accumulation a row's output is bit-identical whatever else is in the batch. The shift is undone with the
+    weights' column sums: y = s * (x' W^T) + c * sum_k W[:, k], where x = s * x' + c.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        w = linear.weight.detach().float()  # [N, K]
+        scale = w.abs().amax(dim=1).clamp_min(1e-8) / 127.0
+        self.register_buffer("weight", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scale)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self._packed: Any = None
+        self._colsum: Tensor | None = None
+
+    def _pack(self) -> None:
+        import warnings
+
+        with warnings.catch_warnings():  # torch's quantized-tensor constructors warn of a future deprecation
+            warnings.simplefilter("ignore")
+            q = torch._make_per_channel_quantized_tensor(
+                self.weight, self.scales.double(), torch.zeros_like(self.scales, dtype=torch.long), 0)
+            self._packed = torch.ops.quantized.linear_prepack(q, None)
+        self._colsum = (self.weight.float() * self.scales[:, None]).sum(dim=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self._packed is None:
+            self._pack()
+        flat = x.reshape(-1, self.in_features).float()
+        hi, lo = flat.amax(-1, keepdim=True), flat.amin(-1, keepdim=True)
+        shift, span = (hi + lo) / 2, ((hi - lo) / 2).clamp_min(1e-20)
+        y = torch.ops.quantized.linear_dynamic((flat - shift) / span, self._packed, False)
+        y = y * span + shift * self._colsum
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
 def quantize(model: nn.Module, kind: str = "int8") -> nn.Module:
     """Replace every nn.Linear (including a tied LM head, which gets its own copy) in place; the model
     must run in bfloat16 activations afterwards. int4 falls back to int8 for a layer its kernel cannot take."""
@@ -80,6 +125,9 @@ def quantize(model: nn.Module, kind: str = "int8") -> nn.Module:
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
+                if kind == "w8a8":
+                    setattr(module, child_name, RowInt8Linear(child))
+                    continue
                 four = kind == "int4" and Int4Linear.fits(child)
                 setattr(module, child_name, Int4Linear(child) if four else Int8Linear(child))
     return model
@@ -90,7 +138,8 @@ def quantize_int8(model: nn.Module) -> nn.Module:
 
 
 def cache_file(kind: str) -> str:
-    return "verispec-int8.safetensors" if kind == "int8" else f"verispec-int4-g{INT4_GROUP}.safetensors"
+    return {"int8": "verispec-int8.safetensors", "w8a8": "verispec-w8a8.safetensors"}.get(
+        kind, f"verispec-int4-g{INT4_GROUP}.safetensors")
 
 
 def load_quantized_llama(path: Path, kind: str = "int8", dtype: torch.dtype = torch.bfloat16) -> "LlamaModel":
@@ -100,14 +149,16 @@ def load_quantized_llama(path: Path, kind: str = "int8", dtype: torch.dtype = to
 
     from verispec.models.llama import LlamaConfig, LlamaModel
 
+    if kind == "w8a8":
+        dtype = torch.float32  # activations stay float32 between the integer matmuls
     cached = path / cache_file(kind)
     if cached.is_file():
         cfg = LlamaConfig.from_hf(json.loads((path / "config.json").read_text()))
         with torch.device("meta"):
-            model = quantize(LlamaModel(cfg), kind)
+            model = quantize(LlamaModel(cfg).to(dtype), kind)
         model.load_state_dict(load_file(str(cached)), strict=True, assign=True)
         for m in model.modules():  # the kernels' vector loads need aligned memory; a file's offsets may not be
-            if isinstance(m, (Int8Linear, Int4Linear)):
+            if isinstance(m, (Int8Linear, Int4Linear, RowInt8Linear)):
                 for name, buf in list(m.named_buffers(recurse=False)):
                     setattr(m, name, buf.clone())
         model.init_rope()
