@@ -65,7 +65,7 @@ def weight_bytes_per_token(model) -> int:
             continue
         total += p.numel() * p.element_size()
     for name, b in model.named_buffers():  # int8 weights and their scales live in buffers
-        if name.endswith(("weight", "scale", "scales", "qweight")):
+        if name.endswith(("weight", "scale", "scales", "qweight", "scales_and_zeros")):
             total += b.numel() * b.element_size()
     return total
 
