@@ -19,6 +19,7 @@ import time
 import torch
 
 from verispec.bench.suite import load_prompts
+from verispec.cli import draft_dtype
 from verispec.engine import GenerationParams, generate
 from verispec.models.load import default_threads, load
 from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -30,7 +31,8 @@ def main() -> int:
     ap.add_argument("--target", default=DEFAULT_TARGET)
     ap.add_argument("--draft", default=DEFAULT_DRAFT)
     ap.add_argument("--dtypes", default="bfloat16,int8,int4", help="target precisions, comma list")
-    ap.add_argument("--draft-dtype", default="int8", help="int8, w8a8, bfloat16, ...")
+    ap.add_argument("--draft-dtype", default="auto",
+                    help="int8, w8a8, bfloat16, ... or auto: verispec's default beside each target precision")
     ap.add_argument("--strategies", default="ar,draft,adaptive")
     ap.add_argument("--gamma", type=int, default=4, help="gamma of draft; adaptive gets twice this as its cap")
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -40,8 +42,12 @@ def main() -> int:
 
     default_threads()
     dtypes, strategies = args.dtypes.split(","), args.strategies.split(",")
-    draft = load(args.draft, dtype=args.draft_dtype, progress=True) if any(s != "ar" for s in strategies) else None
     targets = {d: load(args.target, dtype=d, progress=True) for d in dtypes}
+    draft_dtypes = {d: args.draft_dtype if args.draft_dtype != "auto" else
+                    draft_dtype(argparse.Namespace(draft_dtype=None, dtype=d, device="cpu")) for d in dtypes}
+    drafts = {}
+    if any(s != "ar" for s in strategies):
+        drafts = {dd: load(args.draft, dtype=dd, progress=True) for dd in set(draft_dtypes.values())}
     tok = next(iter(targets.values())).tokenizer
     prompts = [tok.chat(list(p.messages)) for p in load_prompts("suite", categories=args.categories.split(","),
                                                                    limit=args.limit)]
@@ -51,6 +57,7 @@ def main() -> int:
     def run(dtype: str, strategy: str, prompt: list[int], max_new: int):
         target = targets[dtype]
         gamma = 2 * args.gamma if strategy == "adaptive" else args.gamma
+        draft = drafts.get(draft_dtypes[dtype])
         proposer = make_proposer(strategy, target, draft, len(prompt) + max_new + gamma + 2, StrategyOptions())
         params = GenerationParams(max_new_tokens=max_new, gamma=gamma, eos_ids=tuple(tok.eos_ids))
         return generate(target.model, prompt, params, proposer).metrics
@@ -66,7 +73,7 @@ def main() -> int:
             print(f"[{time.perf_counter() - t0:6.0f}s] prompt {i + 1}/{len(prompts)} {c[0]} {c[1]}: "
                   f"{m.decode_tokens_per_s:.2f} tok/s, {m.profile()}", file=sys.stderr)
 
-    print(f"\nGreedy, {len(prompts)} code prompts x {args.max_new_tokens} new tokens, draft {args.draft_dtype}, "
+    print(f"\nGreedy, {len(prompts)} code prompts x {args.max_new_tokens} new tokens, drafts {draft_dtypes}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads. ms per round (mean over prompts).\n")
     print("| target | strategy | decode tok/s | speedup vs own ar (geomean) | mean acc. len | draft ms | target ms "
           "| verify ms | other ms | other share |")
