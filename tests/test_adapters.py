@@ -149,3 +149,42 @@ def test_w8a8_without_row_normalisation_would_depend_on_the_batch():
     x = torch.randn(2, 64) * torch.tensor([0.01, 30.0])[:, None]
     raw = lambda t: torch.ops.quantized.linear_dynamic(t, q._packed, False)  # noqa: E731
     assert not torch.equal(raw(x)[:1], raw(x[:1]))
+
+
+# ---- a draft that proposes only the first ids (--draft-vocab) --------------------------------------------------
+@pytest.mark.parametrize("kind", ["float", "int8", "w8a8"])
+def test_truncated_head_keeps_the_first_rows_of_the_logits(kind):
+    from verispec.models.quant import truncate_head
+
+    model = LlamaModel.random(tiny_config(vocab_size=32), seed=0, std=0.3)
+    if kind != "float":
+        model = quantize(model.to(torch.bfloat16) if kind == "int8" else model, kind)
+    x = torch.tensor([[3, 1, 4, 1, 5]])
+    full = model.forward(x, model.new_cache(8))[0]
+    truncate_head(model, 20)
+    cut = model.forward(x, model.new_cache(8))[0]
+    assert cut.shape[-1] == 20
+    torch.testing.assert_close(cut, full[:, :20])
+
+
+def test_truncated_draft_is_still_lossless(tiny_target, tiny_draft):
+    """Sampling with a draft that can never propose ids 4 and 5 of 6 keeps the target's law (q is 0 there, so
+    every such token comes from the residual); greedy output still equals plain decoding."""
+    from tests.test_losslessness import N, Verdict, chi_square_pvalue, exact_law, noise_floor, sample_engine, tv
+    from verispec.models.quant import truncate_head
+    from verispec.sampling import SamplingParams
+
+    draft = truncate_head(copy.deepcopy(tiny_draft), 4)
+    sampling = SamplingParams(temperature=1.0)
+    law = exact_law(tiny_target, sampling)
+    run = sample_engine(tiny_target, draft, sampling, 3, 61_000_000)
+    verdict = Verdict(tv(run.counts, law), noise_floor(law, N, seed=12345), chi_square_pvalue(run.counts, law),
+                      run.alpha)
+    print(f"\n[draft vocab 4 of 6] {verdict}")
+    assert verdict.alpha is not None and 0.05 < verdict.alpha < 0.95 and verdict.passes, verdict
+    first = law.reshape(law.shape[0], -1).sum(-1)  # the law of the first sampled token
+    assert first[4:].sum() > 0.05  # ids the draft cannot propose do carry mass: the residual must supply them
+    params = GenerationParams(max_new_tokens=20, gamma=3)
+    for prompt in ([1], [2, 3, 4]):
+        plain = generate(tiny_target, prompt, params)
+        assert generate(tiny_target, prompt, params, DraftModelProposer(draft, 64)).token_ids == plain.token_ids

@@ -176,3 +176,37 @@ def load_quantized_llama(path: Path, kind: str = "int8", dtype: torch.dtype = to
 
 def load_int8_llama(path: Path, dtype: torch.dtype = torch.bfloat16) -> "LlamaModel":
     return load_quantized_llama(path, "int8", dtype)
+
+
+def truncate_head(model: nn.Module, keep: int) -> nn.Module:
+    """Keep only the first `keep` rows of the LM head (a draft-only saving: byte-level BPE ids are roughly in
+    merge order, so the first ids are the common tokens). The draft then never proposes the other ids; the
+    proposers pad its logits with -inf up to the target's vocabulary, and verification stays exact."""
+    head = getattr(model, "lm_head", None)
+    if head is None:
+        raise ValueError("a truncated LM head needs the native Llama-family draft model")
+    if not 0 < keep < head.out_features:
+        return model
+    if isinstance(head, Int4Linear):  # its packed layout is tiled across rows
+        raise ValueError("a truncated LM head needs a bfloat16, float32, int8 or w8a8 draft, not int4")
+    if isinstance(head, nn.Linear):
+        new = nn.Linear(head.in_features, keep, bias=head.bias is not None, device=head.weight.device,
+                        dtype=head.weight.dtype)
+        with torch.no_grad():
+            new.weight.copy_(head.weight[:keep])  # a copy: a tied embedding keeps all its rows
+            if head.bias is not None:
+                new.bias.copy_(head.bias[:keep])
+        new.requires_grad_(False)
+        model.lm_head = new
+        return model
+    for name, buf in list(head.named_buffers(recurse=False)):
+        if name == "scales_and_zeros":  # int4: [K / group, N, 2]
+            setattr(head, name, buf[:, :keep].contiguous())
+        else:
+            setattr(head, name, buf[:keep].clone())
+    if head.bias is not None:
+        head.bias = nn.Parameter(head.bias[:keep].clone(), requires_grad=False)
+    head.out_features = keep
+    if isinstance(head, RowInt8Linear):
+        head._packed = None
+    return model
