@@ -33,6 +33,7 @@ def main() -> int:
     ap.add_argument("--dtypes", default="bfloat16,int8,int4", help="target precisions, comma list")
     ap.add_argument("--draft-dtype", default="auto",
                     help="int8, w8a8, bfloat16, ... or auto: verispec's default beside each target precision")
+    ap.add_argument("--draft-vocab", type=int, default=None, help="keep the draft's first N LM-head rows")
     ap.add_argument("--strategies", default="ar,draft,adaptive")
     ap.add_argument("--gamma", type=int, default=4, help="gamma of draft; adaptive gets twice this as its cap")
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -48,6 +49,11 @@ def main() -> int:
     drafts = {}
     if any(s != "ar" for s in strategies):
         drafts = {dd: load(args.draft, dtype=dd, progress=True) for dd in set(draft_dtypes.values())}
+        if args.draft_vocab:
+            from verispec.models.quant import truncate_head
+
+            for d in drafts.values():
+                truncate_head(d.model, args.draft_vocab)
     tok = next(iter(targets.values())).tokenizer
     prompts = [tok.chat(list(p.messages)) for p in load_prompts("suite", categories=args.categories.split(","),
                                                                    limit=args.limit)]
@@ -73,7 +79,8 @@ def main() -> int:
             print(f"[{time.perf_counter() - t0:6.0f}s] prompt {i + 1}/{len(prompts)} {c[0]} {c[1]}: "
                   f"{m.decode_tokens_per_s:.2f} tok/s, {m.profile()}", file=sys.stderr)
 
-    print(f"\nGreedy, {len(prompts)} code prompts x {args.max_new_tokens} new tokens, drafts {draft_dtypes}, "
+    print(f"\nGreedy, {len(prompts)} code prompts x {args.max_new_tokens} new tokens, drafts {draft_dtypes} "
+          f"(vocab {args.draft_vocab or 'all'}), "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads. ms per round (mean over prompts).\n")
     print("| target | strategy | decode tok/s | speedup vs own ar (geomean) | mean acc. len | draft ms | target ms "
           "| verify ms | other ms | other share |")
