@@ -20,12 +20,12 @@ import time
 import torch
 
 from verispec.proposers.base import Proposal
-from verispec.proposers.draft_model import DraftModelProposer
+from verispec.proposers.draft_model import DraftModelProposer, WrapsDraftModel
 from verispec.sampling import SamplingParams
 from verispec.theory import optimal_gamma
 
 
-class AdaptiveGammaProposer:
+class AdaptiveGammaProposer(WrapsDraftModel):
     def __init__(self, draft: DraftModelProposer, *, decay: float = 0.9, prior_alpha: float = 0.7,
                  prior_weight: float = 4.0, prior_c: float = 0.25) -> None:
         if not 0.0 < decay <= 1.0:
@@ -41,14 +41,6 @@ class AdaptiveGammaProposer:
         self._asked = 0
         self._draft_seconds = 0.0
         self._draft_forwards = 0
-
-    @property
-    def forwards(self) -> int:
-        return self.draft.forwards
-
-    @property
-    def seconds(self) -> float:
-        return self.draft.seconds
 
     @property
     def alpha(self) -> float:

@@ -95,3 +95,18 @@ class DraftModelProposer:
         self.cache.commit(keep)
         self.pending = (self.pending + emitted)[keep:]
         self.fed = 0
+
+
+class WrapsDraftModel:
+    """For proposers built around a DraftModelProposer (`self.draft`): the engine reads the draft forwards and
+    seconds from the proposer it holds, so they are passed through."""
+
+    draft: DraftModelProposer
+
+    @property
+    def forwards(self) -> int:
+        return self.draft.forwards
+
+    @property
+    def seconds(self) -> float:
+        return self.draft.seconds

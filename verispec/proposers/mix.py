@@ -9,12 +9,12 @@ from __future__ import annotations
 import torch
 
 from verispec.proposers.base import Proposal
-from verispec.proposers.draft_model import DraftModelProposer
+from verispec.proposers.draft_model import DraftModelProposer, WrapsDraftModel
 from verispec.proposers.ngram import NgramProposer
 from verispec.sampling import SamplingParams
 
 
-class DraftNgramProposer:
+class DraftNgramProposer(WrapsDraftModel):
     """Per round: the n-gram proposal if its suffix match has at least `min_match` tokens, else the draft's.
 
     Both sub-proposers see every round's outcome. When the n-gram proposal is used the draft model runs no
@@ -26,14 +26,6 @@ class DraftNgramProposer:
         self.draft, self.ngram, self.min_match = draft, ngram, min_match
         self.used_ngram = False  # which sub-proposer drafted the last round
         self.ngram_rounds = 0  # rounds drafted by the n-gram lookup (for tests and curiosity)
-
-    @property
-    def forwards(self) -> int:
-        return self.draft.forwards
-
-    @property
-    def seconds(self) -> float:
-        return self.draft.seconds
 
     def reset(self, prompt: list[int]) -> None:
         self.draft.reset(prompt)
