@@ -65,12 +65,13 @@ HF_AS = Config("hf", "assisted", 2, 0.0)
 
 
 def _run(config: Config, prompt: str, seconds: float, tokens: list[int], *, cat: str = "code", drafted=None,
-         accepted=None, rounds=None, per_pos=((), ()), c=None) -> Run:
+         accepted=None, rounds=None, per_pos=((), ()), c=None, rejections=None) -> Run:
     n = len(tokens)
     arrivals = [(seconds * (i + 1) / n, 1) for i in range(n)]
     return Run(prompt_id=prompt, category=cat, config=config, rep=0, token_ids=tokens, seconds=seconds,
                arrivals=arrivals, rounds=rounds, drafted=drafted, accepted=accepted,
-               drafted_per_position=list(per_pos[0]), accepted_per_position=list(per_pos[1]), c=c)
+               drafted_per_position=list(per_pos[0]), accepted_per_position=list(per_pos[1]), c=c,
+               rejections=rejections)
 
 
 def test_token_latencies_spread_a_gap_over_the_tokens_it_brought():
@@ -114,13 +115,49 @@ def test_theory_rows_predict_from_measured_alpha():
     runs = [_run(AR, "a", 10.0, list(range(12)))]
     for g, secs in ((2, 6.0), (4, 4.0)):
         cfg = Config("verispec", "draft", g, 0.0)
-        runs.append(_run(cfg, "a", secs, list(range(12)), drafted=10 * g, accepted=8 * g, rounds=4, c=0.25))
+        # 8g accepted and 2g rejections: per-token alpha 0.8 (while accepted / drafted is 0.8 only by design)
+        runs.append(_run(cfg, "a", secs, list(range(12)), drafted=10 * g, accepted=8 * g, rounds=4, c=0.25,
+                         rejections=2 * g))
     (t,) = theory_rows(summarize(runs, [AR] + [r.config for r in runs[1:]]))
     assert t["strategy"] == "draft" and t["best_measured_gamma"] == 4
     g2 = t["per_gamma"][0]
     assert g2["alpha"] == pytest.approx(0.8)
     assert g2["predicted_mean_accepted_length"] == pytest.approx(expected_tokens(0.8, 2), abs=1e-3)
     assert t["optimal_gamma"] >= 2
+    assert g2["predicted_speedup_verify_cost"] is None and t["optimal_gamma_verify_cost"] is None
+
+
+def test_theory_alpha_is_per_token_not_per_draft():
+    """A chain stops testing at its first rejection: with gamma 4, rounds accepting 2 then rejecting leave
+    drafts 4 and 5 untested. accepted / drafted = 0.5, but the i.i.d. model's alpha is 2 / 3 (2 accepted per
+    rejection), and only that alpha predicts the measured 3 tokens per round."""
+    cfg = Config("verispec", "draft", 4, 0.0)
+    runs = [_run(AR, "a", 10.0, list(range(30))),
+            _run(cfg, "a", 5.0, list(range(30)), drafted=40, accepted=20, rounds=10, rejections=10,
+                 per_pos=((10,) * 4, (10, 10, 0, 0)), c=0.1)]
+    (row,) = [r for r in summarize(runs, [AR, cfg]) if r.config == cfg and r.category == ALL]
+    assert row.alpha == pytest.approx(0.5) and row.alpha_iid == pytest.approx(2 / 3)
+    (t,) = theory_rows([row])
+    assert t["per_gamma"][0]["alpha"] == pytest.approx(2 / 3, abs=1e-3)
+    # older records without a rejection count: estimated from the per-position counts, exact for a fixed gamma
+    runs[1].rejections = None
+    (old,) = [r for r in summarize(runs, [AR, cfg]) if r.config == cfg and r.category == ALL]
+    assert old.alpha_iid == pytest.approx(2 / 3)
+
+
+def test_theory_with_measured_verification_cost():
+    cfg = Config("verispec", "draft", 8, 0.0)
+    runs = [_run(AR, "a", 10.0, list(range(30))),
+            _run(cfg, "a", 5.0, list(range(30)), drafted=80, accepted=72, rounds=10, rejections=3, c=0.1)]
+    curve = [{"tokens": 1, "relative_to_1": 1.0}, {"tokens": 8, "relative_to_1": 1.5},
+             {"tokens": 16, "relative_to_1": 2.0}]
+    (t,) = theory_rows(summarize(runs, [AR, cfg]), curve)
+    (g8,) = t["per_gamma"]
+    a = 72 / 75
+    assert g8["predicted_speedup"] == pytest.approx(expected_tokens(a, 8) / (8 * 0.1 + 1.0), abs=1e-3)
+    v9 = 1.5 + 0.5 / 8  # 9 tokens: between the measured 8 and 16
+    assert g8["predicted_speedup_verify_cost"] == pytest.approx(expected_tokens(a, 8) / (8 * 0.1 + v9), abs=1e-3)
+    assert t["optimal_gamma_verify_cost"] < t["optimal_gamma"]  # a costlier wide forward calls for shorter drafts
 
 
 def test_report_schema(tmp_path: Path):
@@ -197,7 +234,7 @@ def test_bench_command_end_to_end(pair, prompts_file, tmp_path, capsys):
     assert (out / "speedup_vs_gamma.png").exists()
     # the theory command reads the report back
     code, stdout, _ = run_inline(capsys, "theory", "--report", str(out))
-    assert code == 0 and "draft, T=0.0: measured alpha" in stdout
+    assert code == 0 and "draft, T=0.0: measured per-token alpha" in stdout
     # --rerender rebuilds the same report from the recorded runs alone
     (out / "report.json").unlink()
     (out / "report.md").unlink()

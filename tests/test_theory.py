@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from verispec.theory import expected_tokens, optimal_gamma, predicted_speedup, table
+from verispec.theory import expected_tokens, interpolate_cost, optimal_gamma, predicted_speedup, table
 
 
 def test_known_values():
@@ -49,3 +49,15 @@ def test_theory_command(capsys):
         main(["theory", "--alpha", "2"])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == ["verispec: error: alpha must be in [0, 1], got 2.0"]
+
+
+def test_verification_cost_curve():
+    cost = interpolate_cost([(4, 1.25), (1, 1.0), (2, 1.1), (8, 1.55)])
+    assert cost(1) == 1.0 and cost(2) == pytest.approx(1.1) and cost(3) == pytest.approx(1.175)
+    assert cost(6) == pytest.approx(1.4) and cost(12) == pytest.approx(1.85)  # beyond 8: the last slope
+    assert interpolate_cost([])(9) == 1.0 and interpolate_cost([(1, 1.0)])(9) == 1.0
+    flat = predicted_speedup(0.9, 4, 0.2)
+    assert predicted_speedup(0.9, 4, 0.2, cost) == pytest.approx(flat * 1.8 / (0.8 + cost(5)))
+    # a verification that grows with its width moves the optimum to shorter drafts
+    steep = interpolate_cost([(1, 1.0), (16, 4.0)])
+    assert optimal_gamma(0.9, 0.1, verify_cost=steep) < optimal_gamma(0.9, 0.1)

@@ -239,8 +239,11 @@ def _theory_of_report(path_text: str) -> int:
     if not theory:
         print("the report has no drafting strategy with measured acceptance")
     for t in theory:
-        print(f"{t['strategy']}, T={t['temperature']}: measured alpha {t['alpha']:.3f}, c {t['c']:.3f} -> "
-              f"theory's optimal gamma {t['optimal_gamma']}; best measured gamma {t['best_measured_gamma']}")
+        with_cost = t.get("optimal_gamma_verify_cost")
+        print(f"{t['strategy']}, T={t['temperature']}: measured per-token alpha {t['alpha']:.3f}, c {t['c']:.3f} -> "
+              f"theory's optimal gamma {t['optimal_gamma']}"
+              + (f" ({with_cost} with the measured verification cost)" if with_cost is not None else "")
+              + f"; best measured gamma {t['best_measured_gamma']}")
         for g in t["per_gamma"]:
             print(f"  gamma {g['gamma']}: alpha {g['alpha']:.3f}, mean accepted length predicted "
                   f"{g['predicted_mean_accepted_length']:.2f} / measured {g['measured_mean_accepted_length']}, "

@@ -7,11 +7,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def alpha_iid(accepted: float, rejections: float) -> float | None:
+    """Per-token acceptance under the i.i.d. model: each tested draft is accepted with probability alpha, and
+    a round stops testing at its first rejection, so accepted / (accepted + rejections) is the estimate."""
+    tested = accepted + rejections
+    return accepted / tested if tested else None
+
+
 @dataclass
 class RequestMetrics:
     """Counts and timings of one generation.
 
-    alpha                  accepted / drafted tokens
+    alpha                  accepted / drafted tokens (vLLM's draft acceptance rate)
+    alpha_iid              accepted / (accepted + rejections): the per-token acceptance probability of the
+                           i.i.d. model in theory.py (its maximum-likelihood estimate). Lower-bounded by alpha:
+                           drafts after a rejection count against alpha but are never tested
     mean_accepted_length   output tokens per verification (target) forward; counts the recovered/bonus token
     per_position_acceptance[i]  fraction of rounds that drafted position i in which draft i was accepted
     c                      draft seconds per draft forward / target seconds per decoding forward
@@ -23,6 +33,7 @@ class RequestMetrics:
     rounds: int = 0  # decoding forwards of the target (one per round)
     drafted: int = 0
     accepted: int = 0
+    rejections: int = 0  # rounds in which a drafted token was rejected
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     prefill_seconds: float = 0.0
@@ -41,6 +52,7 @@ class RequestMetrics:
         self.rounds += 1
         self.drafted += drafted
         self.accepted += accepted
+        self.rejections += int(accepted < drafted)
         self.new_tokens += emitted
         grow = drafted - len(self.drafted_per_position)
         if grow > 0:
@@ -56,6 +68,10 @@ class RequestMetrics:
     @property
     def alpha(self) -> float | None:
         return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def alpha_iid(self) -> float | None:
+        return alpha_iid(self.accepted, self.rejections) if self.drafted else None
 
     @property
     def mean_accepted_length(self) -> float | None:
@@ -107,12 +123,14 @@ class RequestMetrics:
             "prompt_tokens": self.prompt_tokens,
             "new_tokens": self.new_tokens,
             "alpha": r(self.alpha),
+            "alpha_iid": r(self.alpha_iid),
             "mean_accepted_length": r(self.mean_accepted_length),
             "per_position_acceptance": [
                 round(a / d, 4) if d else None for a, d in zip(self.accepted_per_position, self.drafted_per_position)
             ],
             "drafted_tokens": self.drafted,
             "accepted_tokens": self.accepted,
+            "rejections": self.rejections,
             "target_forwards": self.rounds + int(self.prompt_tokens > 1),  # + the prefill, if any
             "draft_forwards": self.draft_forwards,
             "target_seconds": r(self.target_seconds),

@@ -17,7 +17,8 @@ from typing import Any
 
 from verispec.bench.runner import Config, Run
 from verispec.bench.stats import geomean, median, percentile
-from verispec.theory import expected_tokens, optimal_gamma, predicted_speedup
+from verispec.metrics import alpha_iid
+from verispec.theory import expected_tokens, interpolate_cost, optimal_gamma, predicted_speedup
 
 ALL = "all"
 
@@ -28,7 +29,8 @@ class Row:
     category: str
     runs: int
     tokens_per_s: float
-    alpha: float | None
+    alpha: float | None  # accepted / drafted
+    alpha_iid: float | None  # accepted / (accepted + rejections): the alpha of the theory's model
     mean_accepted_length: float | None  # output tokens per target forward while decoding
     per_position: list[float | None]
     c: float | None
@@ -49,7 +51,7 @@ class Row:
             "config": self.config.label, "system": self.config.system, "strategy": self.config.strategy,
             "gamma": self.config.gamma, "temperature": self.config.temperature, "category": self.category,
             "runs": self.runs, "tokens_per_s": r(self.tokens_per_s), "alpha": r(self.alpha),
-            "mean_accepted_length": r(self.mean_accepted_length),
+            "alpha_iid": r(self.alpha_iid), "mean_accepted_length": r(self.mean_accepted_length),
             "per_position_acceptance": [r(x) for x in self.per_position], "c": r(self.c),
             "speedup_median": r(self.speedup_median), "speedup_geomean": r(self.speedup_geomean),
             "own_speedup_median": r(self.own_speedup_median), "own_speedup_geomean": r(self.own_speedup_geomean),
@@ -89,6 +91,18 @@ def _ratios(rs: Sequence[Run], base: dict, key) -> list[float]:
     return out
 
 
+def _rejections(r: Run) -> int | None:
+    """Rounds with a rejected draft. Records from before they were counted: rounds that tested position i are
+    estimated as min(rounds that drafted i, rounds that accepted i-1), exact when every round drafts alike."""
+    if r.rejections is not None or not r.drafted:
+        return r.rejections or 0
+    d, a = r.drafted_per_position, r.accepted_per_position
+    if not d:
+        return None
+    tested = sum(min(d[i], a[i - 1] if i else d[0]) for i in range(len(d)))
+    return tested - sum(a)
+
+
 def _row(config: Config, cat: str, rs: list[Run], ours_ar: dict, own_ar: dict) -> Row:
     tokens, seconds = sum(r.new_tokens for r in rs), sum(r.seconds for r in rs)
     drafted = sum(r.drafted or 0 for r in rs)
@@ -105,6 +119,7 @@ def _row(config: Config, cat: str, rs: list[Run], ours_ar: dict, own_ar: dict) -
     lat = [x for r in rs for x in r.token_latencies()]
     ttfts = [r.ttft for r in rs if r.ttft is not None]
     cs = [r.c for r in rs if r.c is not None]
+    rejections = [_rejections(r) for r in rs]
     differ = None
     if config.temperature == 0:
         pairs = [(r, ours_ar.get(_key(r))) for r in rs]
@@ -112,6 +127,7 @@ def _row(config: Config, cat: str, rs: list[Run], ours_ar: dict, own_ar: dict) -
     return Row(
         config=config, category=cat, runs=len(rs), tokens_per_s=tokens / seconds if seconds else 0.0,
         alpha=accepted / drafted if drafted else None,
+        alpha_iid=alpha_iid(accepted, sum(rejections)) if drafted and None not in rejections else None,
         mean_accepted_length=sum(r.new_tokens for r in rs if r.rounds) / sum(rounds) if rounds else None,
         per_position=per_pos, c=sum(cs) / len(cs) if cs else None,
         speedup_median=median(ours), speedup_geomean=geomean(ours),
@@ -123,24 +139,28 @@ def _row(config: Config, cat: str, rs: list[Run], ours_ar: dict, own_ar: dict) -
 
 
 # ---- theory beside the measurements ------------------------------------------------------------------------
-def theory_rows(rows: Sequence[Row]) -> list[dict[str, Any]]:
+def theory_rows(rows: Sequence[Row], curve: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """For each drafting strategy and temperature: per gamma, the measured alpha and c, the predicted mean
-    accepted length and speedup next to the measured ones; the gamma theory calls for and the one that won."""
+    accepted length and speedup next to the measured ones; the gamma theory calls for and the one that won.
+    alpha is the per-token alpha_iid (the model's parameter); with a measured verification-cost `curve`, the
+    speedup is also predicted with what a (gamma + 1)-token forward really costs."""
+    cost = interpolate_cost([(p["tokens"], p["relative_to_1"]) for p in curve]) if curve else None
     groups: dict[tuple[str, float], list[Row]] = defaultdict(list)
     for row in rows:
-        if row.category == ALL and row.config.system == "verispec" and not row.config.plain and row.alpha is not None:
+        if row.category == ALL and row.config.system == "verispec" and not row.config.plain and row.alpha_iid is not None:
             groups[(row.config.strategy, row.config.temperature)].append(row)
     out = []
     for (strategy, temperature), rs in groups.items():
         rs.sort(key=lambda r: r.config.gamma)
         per_gamma = []
         for r in rs:
-            g, a, c = r.config.gamma, min(r.alpha, 1.0), r.c or 0.0
+            g, a, c = r.config.gamma, min(r.alpha_iid, 1.0), r.c or 0.0
             per_gamma.append({
                 "gamma": g, "alpha": round(a, 3), "c": round(c, 3),
                 "predicted_mean_accepted_length": round(expected_tokens(a, g), 3),
                 "measured_mean_accepted_length": None if r.mean_accepted_length is None else round(r.mean_accepted_length, 3),
                 "predicted_speedup": round(predicted_speedup(a, g, c), 3),
+                "predicted_speedup_verify_cost": None if cost is None else round(predicted_speedup(a, g, c, cost), 3),
                 "measured_speedup": None if r.speedup_geomean is None else round(r.speedup_geomean, 3),
                 "optimal_gamma": optimal_gamma(a, c),
             })
@@ -151,6 +171,7 @@ def theory_rows(rows: Sequence[Row]) -> list[dict[str, Any]]:
         out.append({
             "strategy": strategy, "temperature": temperature, "alpha": round(alpha, 3), "c": round(c, 3),
             "optimal_gamma": optimal_gamma(alpha, c) if c > 0 else None,
+            "optimal_gamma_verify_cost": None if cost is None else optimal_gamma(alpha, c, verify_cost=cost),
             "best_measured_gamma": best.config.gamma, "per_gamma": per_gamma,
         })
     return out
@@ -197,17 +218,26 @@ def markdown(rows: Sequence[Row], meta: dict[str, Any], theory: list[dict[str, A
                 lines.append(f"| {label} | " + " | ".join(cs) + " |")
         lines.append("")
     if theory:
+        with_cost = any(g["predicted_speedup_verify_cost"] is not None for t in theory for g in t["per_gamma"])
         lines += ["## Theory beside the measurements", "",
-                  "Predicted with the measured α and c: mean accepted length (1−α^(γ+1))/(1−α), speedup "
-                  "E/(γc+1) (assumes a verification forward costs one decoding step).", ""]
-        lines += ["| strategy | T | γ | α | c | mean acc. len predicted / measured | speedup predicted / measured |",
-                  "|---|---|---|---|---|---|---|"]
+                  "α here is the per-token acceptance of the theory's model, accepted ÷ (accepted + rejections) "
+                  "(drafts after a rejection are never tested, so accepted ÷ drafted, the α above, understates it). "
+                  "Predicted: mean accepted length (1−α^(γ+1))/(1−α); speedup E/(γc+1), which assumes a "
+                  "verification forward costs one decoding step"
+                  + ("; and E/(γc+v(γ+1)) with v the measured verification-cost curve below." if with_cost else "."), ""]
+        head = "| strategy | T | γ | α | c | mean acc. len predicted / measured | speedup predicted / measured |"
+        if with_cost:
+            head = head.replace("speedup predicted /", "speedup predicted (flat / measured verify cost) /")
+        lines += [head, "|---|---|---|---|---|---|---|"]
         for t in theory:
             for g in t["per_gamma"]:
+                pred = f"{g['predicted_speedup']:.2f}×"
+                if with_cost:
+                    pred += f" / {_f(g['predicted_speedup_verify_cost'], suffix='×')}"
                 lines.append(
                     f"| {t['strategy']} | {t['temperature']} | {g['gamma']} | {g['alpha']:.3f} | {g['c']:.3f} | "
                     f"{g['predicted_mean_accepted_length']:.2f} / {_f(g['measured_mean_accepted_length'])} | "
-                    f"{g['predicted_speedup']:.2f}× / {_f(g['measured_speedup'], suffix='×')} |"
+                    f"{pred} / {_f(g['measured_speedup'], suffix='×')} |"
                 )
         lines.append("")
         for t in theory:
@@ -215,6 +245,8 @@ def markdown(rows: Sequence[Row], meta: dict[str, Any], theory: list[dict[str, A
                 t["optimal_gamma"] if t["optimal_gamma"] is not None
                 else "unbounded (c = 0: a longer draft costs nothing, so only the verification curve limits γ)"
             )
+            if t.get("optimal_gamma_verify_cost") is not None:
+                optimum = f"{optimum} (with the measured verification cost: {t['optimal_gamma_verify_cost']})"
             lines.append(
                 f"- {t['strategy']}, T={t['temperature']}: α {t['alpha']:.3f}, c {t['c']:.3f} → theory's optimal γ "
                 f"{optimum}; best measured γ {t['best_measured_gamma']} (of those run)"
@@ -277,19 +309,19 @@ def plots(rows: Sequence[Row], out: Path) -> list[Path]:
         ax.legend(fontsize=7)
     written.append(_save(fig, out / "speedup_vs_gamma.png"))
 
-    # measured mean accepted length vs the prediction from measured alpha
+    # measured mean accepted length vs the prediction from measured (per-token) alpha
     fig, ax = plt.subplots(figsize=(5.5, 5))
     hi = 1.0
     for temp in temps:
-        pts = [(expected_tokens(min(r.alpha, 1.0), r.config.gamma), r.mean_accepted_length, r.config.label)
-               for r in overall if r.config.temperature == temp and r.alpha is not None and r.mean_accepted_length]
+        pts = [(expected_tokens(min(r.alpha_iid, 1.0), r.config.gamma), r.mean_accepted_length, r.config.label)
+               for r in overall if r.config.temperature == temp and r.alpha_iid is not None and r.mean_accepted_length]
         if pts:
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=f"T={temp}")
             for x, y, label in pts:
                 ax.annotate(label, (x, y), fontsize=6)
             hi = max(hi, *(max(p[0], p[1]) for p in pts))
     ax.plot([1, hi], [1, hi], color="black", lw=0.8, label="measured = predicted")
-    ax.set(xlabel="predicted (1−α^(γ+1))/(1−α)", ylabel="measured mean accepted length", title="Mean accepted length vs theory")
+    ax.set(xlabel="predicted (1−α^(γ+1))/(1−α), α = accepted/(accepted+rejections)", ylabel="measured mean accepted length", title="Mean accepted length vs theory")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     written.append(_save(fig, out / "accepted_length_vs_theory.png"))
@@ -322,7 +354,7 @@ def write_report(out: Path, runs: Sequence[Run], configs: Sequence[Config], meta
     """Write report.json, report.md and the plots into `out`; return their paths."""
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(runs, configs)
-    theory = theory_rows(rows)
+    theory = theory_rows(rows, ((extra or {}).get("costs") or {}).get("verification_curve"))
     report = {"meta": meta, "summary": [r.to_dict() for r in rows], "theory": theory,
               "runs": [r.to_dict() for r in runs], **(extra or {})}
     paths = {"json": out / "report.json", "md": out / "report.md"}

@@ -55,6 +55,7 @@ class Run:
     accepted_per_position: list[int] = field(default_factory=list)
     c: float | None = None
     finish_reason: str | None = None
+    rejections: int | None = None  # rounds with a rejected draft (None: a peer, or a record from before it was kept)
 
     @property
     def new_tokens(self) -> int:
@@ -80,11 +81,12 @@ class Run:
             "prompt_id": self.prompt_id, "category": self.category, "config": self.config.label,
             "system": self.config.system, "strategy": self.config.strategy, "gamma": self.config.gamma,
             "temperature": self.config.temperature, "rep": self.rep, "new_tokens": self.new_tokens,
-            "seconds": round(self.seconds, 4), "tokens_per_s": round(self.tokens_per_s, 3),
+            "seconds": round(self.seconds, 6), "tokens_per_s": round(self.tokens_per_s, 3),
             "ttft_s": None if self.ttft is None else round(self.ttft, 4), "rounds": self.rounds,
             "drafted": self.drafted, "accepted": self.accepted,
             "drafted_per_position": self.drafted_per_position, "accepted_per_position": self.accepted_per_position,
             "c": None if self.c is None else round(self.c, 4), "finish_reason": self.finish_reason,
+            "rejections": self.rejections,
             "arrivals": [[round(t, 5), k] for t, k in self.arrivals], "token_ids": self.token_ids,
         }
 
@@ -96,6 +98,7 @@ def run_from_dict(d: dict[str, Any]) -> Run:
         d["prompt_id"], d["category"], config, d["rep"], list(d["token_ids"]), d["seconds"],
         [(t, k) for t, k in d["arrivals"]], d["rounds"], d["drafted"], d["accepted"],
         list(d["drafted_per_position"]), list(d["accepted_per_position"]), d["c"], d["finish_reason"],
+        d.get("rejections"),
     )
 
 
@@ -163,7 +166,7 @@ class VerispecBackend:
             prompt_id="", category="", config=config, rep=0, token_ids=tokens, seconds=seconds, arrivals=arrivals,
             rounds=m.rounds, drafted=m.drafted if proposer else None, accepted=m.accepted if proposer else None,
             drafted_per_position=m.drafted_per_position, accepted_per_position=m.accepted_per_position,
-            c=m.c, finish_reason=result.finish_reason,
+            c=m.c, finish_reason=result.finish_reason, rejections=m.rejections if proposer else None,
         )
 
 

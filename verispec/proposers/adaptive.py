@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from verispec.metrics import alpha_iid
 from verispec.proposers.base import Proposal
 from verispec.proposers.draft_model import DraftModelProposer, WrapsDraftModel
 from verispec.sampling import SamplingParams
@@ -44,7 +45,7 @@ class AdaptiveGammaProposer(WrapsDraftModel):
 
     @property
     def alpha(self) -> float:
-        return self.accepted / (self.accepted + self.rejected)
+        return alpha_iid(self.accepted, self.rejected)  # never None: the prior weighs in
 
     def reset(self, prompt: list[int]) -> None:
         self.draft.reset(prompt)
