@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-prompt-tokens", type=int, default=2048, help="longer prompts get a 400 (default: %(default)s)")
     srv.add_argument("--max-new-tokens-limit", type=int, default=512, help="largest max_tokens a request may ask "
                      "for; also the default when it asks for none (default: %(default)s)")
-    srv.add_argument("--speculate-max-batch", type=int, default=4, help="rounds with more active requests than "
+    srv.add_argument("--speculate-max-batch", type=int, default=8, help="rounds with more active requests than "
                      "this run without drafting, where it stops paying (default: %(default)s; 0 never drafts)")
     srv.add_argument("--draft-per-request", action="store_true", help="run the draft model request by request "
                      "instead of batched across requests (slower; for comparison)")

@@ -50,7 +50,7 @@ class ServerSettings:
     max_concurrency: int = 8  # batch rows
     max_prompt_tokens: int = 2048
     max_new_tokens_limit: int = 512
-    speculate_max_batch: int = 4
+    speculate_max_batch: int = 8
     batch_draft: bool = True  # False: the draft model runs request by request (the comparison in the README)
     options: StrategyOptions = field(default_factory=StrategyOptions)
 

@@ -124,7 +124,7 @@ def apply_stops(out: list[int], emitted: list[int], params: GenerationParams,
 class SchedulerConfig:
     max_batch: int = 8  # rows: requests decoded at once; more wait in the queue
     max_len: int = 4096  # prompt + new tokens of one request (capped at the model's context)
-    speculate_max_batch: int = 4  # above this many active rows, rounds run without drafting
+    speculate_max_batch: int = 8  # above this many active rows, rounds run without drafting
 
 
 class Scheduler:
