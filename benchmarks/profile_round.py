@@ -2,6 +2,7 @@
 
     python benchmarks/profile_round.py --dtypes bfloat16,int8,int4 --strategies ar,draft,adaptive \
         --gamma 4 --max-new-tokens 128 --limit 2
+    python benchmarks/profile_round.py --dtypes bfloat16 --draft-dtype int8,int4 --strategies ar,draft
 
 Runs each (precision, strategy) on the suite's code prompts (greedy), interleaved per prompt, and prints one
 Markdown table: tokens/s, mean accepted length, and per round the ms spent drafting, in the target's forward,
@@ -32,7 +33,8 @@ def main() -> int:
     ap.add_argument("--draft", default=DEFAULT_DRAFT)
     ap.add_argument("--dtypes", default="bfloat16,int8,int4", help="target precisions, comma list")
     ap.add_argument("--draft-dtype", default="auto",
-                    help="int8, w8a8, bfloat16, ... or auto: verispec's default beside each target precision")
+                    help="int8, w8a8, int4, bfloat16, ... or auto: verispec's default beside each target precision; "
+                         "a comma list runs each drafting strategy with each draft precision, side by side")
     ap.add_argument("--draft-vocab", type=int, default=None, help="keep the draft's first N LM-head rows")
     ap.add_argument("--strategies", default="ar,draft,adaptive")
     ap.add_argument("--gamma", type=int, default=4, help="gamma of draft; adaptive gets twice this as its cap")
@@ -44,11 +46,11 @@ def main() -> int:
     default_threads()
     dtypes, strategies = args.dtypes.split(","), args.strategies.split(",")
     targets = {d: load(args.target, dtype=d, progress=True) for d in dtypes}
-    draft_dtypes = {d: args.draft_dtype if args.draft_dtype != "auto" else
-                    draft_dtype(argparse.Namespace(draft_dtype=None, dtype=d, device="cpu")) for d in dtypes}
+    draft_dtypes = {d: args.draft_dtype.split(",") if args.draft_dtype != "auto" else
+                    [draft_dtype(argparse.Namespace(draft_dtype=None, dtype=d, device="cpu"))] for d in dtypes}
     drafts = {}
     if any(s != "ar" for s in strategies):
-        drafts = {dd: load(args.draft, dtype=dd, progress=True) for dd in set(draft_dtypes.values())}
+        drafts = {dd: load(args.draft, dtype=dd, progress=True) for dds in draft_dtypes.values() for dd in dds}
         if args.draft_vocab:
             from verispec.models.quant import truncate_head
 
@@ -57,14 +59,16 @@ def main() -> int:
     tok = next(iter(targets.values())).tokenizer
     prompts = [tok.chat(list(p.messages)) for p in load_prompts("suite", categories=args.categories.split(","),
                                                                    limit=args.limit)]
-    configs = [(d, s) for d in dtypes for s in strategies]
-    rows: dict[tuple[str, str], list] = {c: [] for c in configs}
+    # (target precision, draft precision or None, strategy)
+    configs = [(d, None if s == "ar" else dd, s) for d in dtypes for s in strategies
+               for dd in ([None] if s == "ar" else draft_dtypes[d])]
+    rows: dict[tuple[str, str | None, str], list] = {c: [] for c in configs}
 
-    def run(dtype: str, strategy: str, prompt: list[int], max_new: int):
+    def run(dtype: str, ddtype: str | None, strategy: str, prompt: list[int], max_new: int):
         target = targets[dtype]
         gamma = 2 * args.gamma if strategy == "adaptive" else args.gamma
-        draft = drafts.get(draft_dtypes[dtype])
-        proposer = make_proposer(strategy, target, draft, len(prompt) + max_new + gamma + 2, StrategyOptions())
+        proposer = make_proposer(strategy, target, drafts.get(ddtype), len(prompt) + max_new + gamma + 2,
+                                 StrategyOptions())
         params = GenerationParams(max_new_tokens=max_new, gamma=gamma, eos_ids=tuple(tok.eos_ids))
         return generate(target.model, prompt, params, proposer).metrics
 
@@ -76,18 +80,18 @@ def main() -> int:
         for c in order:
             m = run(*c, prompt, args.max_new_tokens)
             rows[c].append(m)
-            print(f"[{time.perf_counter() - t0:6.0f}s] prompt {i + 1}/{len(prompts)} {c[0]} {c[1]}: "
+            print(f"[{time.perf_counter() - t0:6.0f}s] prompt {i + 1}/{len(prompts)} {c[0]} {c[1] or ''} {c[2]}: "
                   f"{m.decode_tokens_per_s:.2f} tok/s, {m.profile()}", file=sys.stderr)
 
-    print(f"\nGreedy, {len(prompts)} code prompts x {args.max_new_tokens} new tokens, drafts {draft_dtypes} "
-          f"(vocab {args.draft_vocab or 'all'}), "
+    print(f"\nGreedy, {len(prompts)} code prompts x {args.max_new_tokens} new tokens, draft vocab "
+          f"{args.draft_vocab or 'all'}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads. ms per round (mean over prompts).\n")
-    print("| target | strategy | decode tok/s | speedup vs own ar (geomean) | mean acc. len | draft ms | target ms "
-          "| verify ms | other ms | other share |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for d, s in configs:
-        ms = rows[(d, s)]
-        base = rows[(d, "ar")] if (d, "ar") in rows else None
+    print("| target | draft | strategy | decode tok/s | speedup vs own ar (geomean) | mean acc. len | draft ms "
+          "| target ms | verify ms | other ms | other share |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for d, dd, s in configs:
+        ms = rows[(d, dd, s)]
+        base = rows.get((d, None, "ar"))
         speed = "–"
         if base:
             ratios = [m.decode_tokens_per_s / b.decode_tokens_per_s for m, b in zip(ms, base)]
@@ -97,7 +101,7 @@ def main() -> int:
         tps = statistics.mean(m.decode_tokens_per_s for m in ms)
         mal = statistics.mean(m.mean_accepted_length for m in ms)
         label = s + (f" γ≤{2 * args.gamma}" if s == "adaptive" else f" γ={args.gamma}" if s != "ar" else "")
-        print(f"| {d} | {label} | {tps:.2f} | {speed} | {mal:.2f} | {prof['draft_ms']:.1f} | {prof['target_ms']:.1f} "
+        print(f"| {d} | {dd or '–'} | {label} | {tps:.2f} | {speed} | {mal:.2f} | {prof['draft_ms']:.1f} | {prof['target_ms']:.1f} "
               f"| {prof['verify_ms']:.2f} | {prof['other_ms']:.2f} | {100 * prof['other_ms'] / total:.1f}% |")
     return 0
 

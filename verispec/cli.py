@@ -51,8 +51,8 @@ def _model_args(p: argparse.ArgumentParser, default_target: str, default_draft: 
                         "int8 activations, fastest on a CPU); output is lossless relative to the target as run "
                         "(default: %(default)s)")
     p.add_argument("--draft-dtype", choices=["bfloat16", "float32", "int8", "int4", "w8a8"], default=None,
-                   help="the draft's precision; it never changes the output distribution (default: int8 with a "
-                        "bfloat16 target on the CPU, else the target's)")
+                   help="the draft's precision; it never changes the output distribution (default on the CPU: int4 "
+                        "beside a bfloat16, int8, int4 or w8a8 target, else the target's)")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="the draft proposes only ids < N (its LM head shrinks; ids are roughly in frequency order); "
                         "lossless, faster drafting (default: the whole vocabulary)")
@@ -93,13 +93,14 @@ def _options(args: argparse.Namespace):
 
 
 def draft_dtype(args: argparse.Namespace) -> str:
-    """On a CPU a quantized draft is faster at the same acceptance (the draft's precision is free): int8
-    weights beside a bfloat16/int8/int4 target, w8a8 beside a w8a8 one. Elsewhere the target's precision."""
+    """On a CPU a quantized draft is faster at about the same acceptance (the draft's precision is free): 4-bit
+    weights beside a bfloat16/int8/int4/w8a8 target, the fastest of int8, int4 and w8a8 drafts beside both bf16
+    and w8a8 targets (benchmarks/profile_round.py). Elsewhere, and beside a float32 target, the target's."""
     if args.draft_dtype:
         return args.draft_dtype
     if args.device != "cpu":
         return args.dtype
-    return "w8a8" if args.dtype == "w8a8" else "int8" if args.dtype in ("bfloat16", "int8", "int4") else args.dtype
+    return "int4" if args.dtype in ("bfloat16", "int8", "int4", "w8a8") else args.dtype
 
 
 def _load_models(args: argparse.Namespace, strategies: list[str], progress: bool):

@@ -22,7 +22,7 @@ import torch
 from verispec.metrics import RequestMetrics
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Proposer
-from verispec.sampling import SamplingParams, logits_to_probs, make_generator
+from verispec.sampling import SamplingParams, argmax, logits_to_probs, make_generator
 from verispec.verify import Verified, verify_chain, verify_greedy
 
 Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], Verified]
@@ -129,7 +129,7 @@ def stream(
         metrics.target_seconds += seconds
         t_verify = time.perf_counter()
         if sampling.greedy:
-            verified = verify_greedy(draft[None], logits.argmax(-1)[None])
+            verified = verify_greedy(draft[None], argmax(logits)[None])
         else:
             p = logits_to_probs(logits, sampling)  # [g + 1, V]
             if proposal is not None and proposal.q is not None:

@@ -34,6 +34,12 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def argmax(logits: Tensor) -> Tensor:
+    """[..., V] -> [...] greedy token ids (first index on ties). On a CPU torch's argmax over bfloat16 takes
+    ~4x as long as a float32 copy and its argmax (0.54 vs 0.14 ms over 151,936 logits); the result is the same."""
+    return logits.float().argmax(-1)
+
+
 def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     """[..., V] logits -> [..., V] float32 probabilities after temperature, top-k, top-p.
 
@@ -42,7 +48,7 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     """
     logits = logits.float()
     if params.greedy:
-        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        return torch.zeros_like(logits).scatter_(-1, argmax(logits)[..., None], 1.0)
     logits = logits / params.temperature
     if 0 < params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]

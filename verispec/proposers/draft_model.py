@@ -8,7 +8,7 @@ import torch
 
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Proposal
-from verispec.sampling import SamplingParams, logits_to_probs, sample
+from verispec.sampling import SamplingParams, argmax, logits_to_probs, sample
 
 
 class DraftModelProposer:
@@ -69,7 +69,7 @@ class DraftModelProposer:
             logits = self._forward(feed, last_n=1)
             self.cache.commit(len(feed))  # provisional; undone in observe()
             if sampling.greedy:
-                token = int(logits.argmax())
+                token = int(argmax(logits))
                 sure = self.confidence == 0.0 or float(torch.softmax(logits.float(), -1)[token]) >= self.confidence
             else:
                 q = logits_to_probs(logits, sampling)

@@ -42,7 +42,7 @@ import torch
 from verispec.cache import KVCache
 from verispec.models.llama import LlamaModel
 from verispec.proposers.base import Proposal
-from verispec.sampling import SamplingParams, logits_to_probs, sample
+from verispec.sampling import SamplingParams, argmax, logits_to_probs, sample
 
 
 class LayerSkipProposer:
@@ -101,7 +101,7 @@ class LayerSkipProposer:
                 logits = self._draft_logits(feed)
                 cache.commit(1)  # provisional: the next draft step must see this one
                 if sampling.greedy:
-                    token = int(logits.argmax())
+                    token = int(argmax(logits))
                 else:
                     q = logits_to_probs(logits, sampling)  # [V]
                     token = int(sample(q, generator))

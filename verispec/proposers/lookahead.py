@@ -44,7 +44,7 @@ from torch import Tensor
 
 from verispec.cache import KVCache
 from verispec.proposers.base import Proposal
-from verispec.sampling import SamplingParams
+from verispec.sampling import SamplingParams, argmax
 
 
 def window_layout(levels: list[list[int]], chain_len: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -132,7 +132,7 @@ class LookaheadProposer:
     def observe(self, num_accepted: int, emitted: list[int], extra_logits: Tensor | None = None) -> None:
         stepped = extra_logits is not None and self.sent_window
         if stepped:
-            guesses = extra_logits.argmax(-1).view(self.n_levels, self.width)[-1].tolist()  # [W]
+            guesses = argmax(extra_logits).view(self.n_levels, self.width)[-1].tolist()  # [W]
             self._harvest(guesses)
             self.levels = self.levels[1:] + [guesses]
             self.age = [a + 1 for a in self.age]

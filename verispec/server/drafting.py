@@ -24,7 +24,7 @@ from torch import Tensor
 from verispec.batch import BatchKVCache, forward_rows
 from verispec.models.llama import LlamaModel
 from verispec.proposers.base import Proposal, Proposer
-from verispec.sampling import SamplingParams, logits_to_probs, sample
+from verispec.sampling import SamplingParams, argmax, logits_to_probs, sample
 
 Outcome = Proposal | BaseException
 
@@ -87,7 +87,7 @@ class BatchedDraft:
                     cache.commit(r, len(feed[r]))  # provisional; undone below
                     last = self._to_target_vocab(logits[j][-1])
                     if sampling[i].greedy:
-                        token = int(last.argmax())
+                        token = int(argmax(last))
                     else:
                         q = logits_to_probs(last, sampling[i])
                         token = int(sample(q, generators[i]))

@@ -36,7 +36,7 @@ from verispec.engine import GenerationParams
 from verispec.metrics import RequestMetrics
 from verispec.models.llama import LlamaModel
 from verispec.models.tokenizer import TextStream, Tokenizer
-from verispec.sampling import logits_to_probs, make_generator
+from verispec.sampling import argmax, logits_to_probs, make_generator
 from verispec.server.drafting import BatchProposer
 from verispec.server.metrics import ServerMetrics
 from verispec.verify import verify_chain, verify_greedy
@@ -301,7 +301,7 @@ class Scheduler:
         d = torch.tensor(draft, dtype=torch.long, device=device)
         g = len(draft)
         if sampling.greedy:
-            verified = verify_greedy(d[None], logits.argmax(-1)[None])
+            verified = verify_greedy(d[None], argmax(logits)[None])
         else:
             p = logits_to_probs(logits, sampling)  # [g + 1, V]
             if q is None:  # a deterministic proposal (n-gram): one-hot q; g = 0 gives an empty q
