@@ -145,7 +145,7 @@ def test_w8a8_without_row_normalisation_would_depend_on_the_batch():
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 48, bias=False)
     q = RowInt8Linear(layer)
-    q._pack()
+    q.pack()
     x = torch.randn(2, 64) * torch.tensor([0.01, 30.0])[:, None]
     raw = lambda t: torch.ops.quantized.linear_dynamic(t, q._packed, False)  # noqa: E731
     assert not torch.equal(raw(x)[:1], raw(x[:1]))
