@@ -149,3 +149,26 @@ def test_unsupported_configs_match_or_are_refused(tmp_path, name):
     except (ValueError, RuntimeError):  # refused (CacheFullError, state-dict shape errors are RuntimeErrors)
         return
     assert_close(out, hf_logits(hf, text))
+
+
+# ---- a decoding step's linear layers round like a verification forward's -------------------------------------
+@pytest.mark.parametrize("k,n", [(1536, 4096), (4480, 1536)])  # small shapes take one path whatever the rows
+def test_one_row_bf16_linear_gives_the_bits_of_a_wider_forward(k, n):
+    """A 1-token step must give a token the logits a 5-token verification gives it, or greedy speculation drifts
+    from plain decoding on near-ties. torch's one-row bfloat16 matmul rounds differently from its GEMM; the
+    native Linear runs one row as two. Where the GEMM itself depends on its row count, nothing can hold."""
+    from verispec.models.llama import Linear
+
+    torch.manual_seed(0)
+    layer = Linear(k, n, bias=True).to(torch.bfloat16)
+    x = torch.randn(1, 5, k).to(torch.bfloat16)
+    with torch.no_grad():
+        wide = layer(x)
+        two = torch.stack([torch.nn.functional.linear(x[0, i : i + 2], layer.weight, layer.bias)[0] for i in range(4)])
+        if not torch.equal(two, wide[0, :4]):
+            pytest.skip("this CPU's bf16 GEMM rows depend on the row count")
+        alone = torch.cat([layer(x[:, i : i + 1]) for i in range(5)], dim=1)
+        assert torch.equal(alone, wide)
+        assert alone.shape == wide.shape
+        plain = torch.cat([torch.nn.functional.linear(x[:, i : i + 1], layer.weight, layer.bias) for i in range(5)], dim=1)
+        assert not torch.equal(plain, wide)  # the GEMV path does round differently (why Linear exists)

@@ -256,6 +256,14 @@ LLAMA_CPP_HINT = (
 )
 
 
+def _has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_tile" in line for line in f)
+    except OSError:
+        return False
+
+
 class LlamaCppBackend:
     """llama-cpp-python on the same GGUF file: plain decoding, and its prompt-lookup drafting."""
 
@@ -279,14 +287,15 @@ class LlamaCppBackend:
             import llama_cpp.llama_cpp as lib
 
             draft = LlamaPromptLookupDecoding(num_pred_tokens=gamma) if gamma else None
-            # llama.cpp's AMX weight repacking ("extra buffer types") crashes in llama_decode on this kind of
-            # machine (seen with llama-cpp-python 0.3.36, AMX-capable Xeon VM); its AVX-512 kernels run fine.
-            # Llama() reads the default model params, so switch that one flag off while it is built.
+            # llama.cpp's AMX weight repacking ("extra buffer types") crashes in llama_decode on AMX CPUs (seen
+            # with llama-cpp-python 0.3.36 on a Xeon VM); its AVX-512 kernels run fine. Elsewhere the repacked
+            # layouts are its fastest, so only an AMX CPU gets them switched off. Llama() reads the default
+            # model params, so that one flag is switched off while it is built.
             defaults = lib.llama_model_default_params
 
             def no_repack():
                 params = defaults()
-                params.use_extra_bufts = False
+                params.use_extra_bufts = not _has_amx()
                 return params
 
             lib.llama_model_default_params = no_repack

@@ -201,7 +201,7 @@ def truncate_head(model: nn.Module, keep: int) -> nn.Module:
     if isinstance(head, Int4Linear):  # its packed layout is tiled across rows
         raise ValueError("a truncated LM head needs a bfloat16, float32, int8 or w8a8 draft, not int4")
     if isinstance(head, nn.Linear):
-        new = nn.Linear(head.in_features, keep, bias=head.bias is not None, device=head.weight.device,
+        new = type(head)(head.in_features, keep, bias=head.bias is not None, device=head.weight.device,
                         dtype=head.weight.dtype)
         with torch.no_grad():
             new.weight.copy_(head.weight[:keep])  # a copy: a tied embedding keeps all its rows

@@ -1,0 +1,96 @@
+"""A verification forward gives each token the bits a decoding step gives it (bfloat16, native model).
+
+Greedy speculation equals plain greedy decoding exactly only if the target's logits for a position do not
+depend on how many tokens shared its forward. Linear layers run one row as two (models.llama.Linear) and short
+forwards attend each prefix-seeing query alone (EXACT_ATTENTION_MAX), so they do not, on CPUs whose bf16 GEMM
+rows are independent of the row count (checked first; elsewhere these tests skip).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import verispec.models.llama as llama
+from verispec.engine import GenerationParams, generate
+from verispec.models.llama import LlamaConfig, LlamaModel, _seen_prefixes
+from verispec.proposers.draft_model import DraftModelProposer
+
+# The real target's widths (Qwen2.5-1.5B: 1536 wide, 12 heads of 128, 2 KV heads): smaller matmuls take the same
+# kernel path at one row as at several, and would hide what the one-row path does.
+CFG = LlamaConfig(vocab_size=2048, hidden_size=1536, intermediate_size=4480, num_hidden_layers=2,
+                  num_attention_heads=12, num_key_value_heads=2, attention_bias=True, max_position_embeddings=512)
+
+
+@pytest.fixture(scope="module")
+def bf16_target() -> LlamaModel:
+    x = torch.randn(5, CFG.hidden_size).to(torch.bfloat16)
+    w = torch.randn(4 * CFG.hidden_size, CFG.hidden_size).to(torch.bfloat16)
+    wide = torch.nn.functional.linear(x, w)
+    pairs = torch.stack([torch.nn.functional.linear(x[i : i + 2], w)[0] for i in range(4)])
+    if not torch.equal(pairs, wide[:4]):
+        pytest.skip("this CPU's bf16 GEMM rows depend on the row count")
+    return LlamaModel.random(CFG, seed=3, std=0.05, dtype=torch.bfloat16)  # small std: many near-ties
+
+
+def _steps(model: LlamaModel, prefix: torch.Tensor, chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of `chunk` after `prefix`: one forward over the chunk, and one decoding step per token."""
+    wide_cache, step_cache = model.new_cache(256), model.new_cache(256)
+    for c in (wide_cache, step_cache):
+        model.forward(prefix, c, last_n=1)
+        c.commit(prefix.shape[1])
+    wide = model.forward(chunk, wide_cache)
+    steps = []
+    for i in range(chunk.shape[1]):
+        steps.append(model.forward(chunk[:, i : i + 1], step_cache))
+        step_cache.commit(1)
+    return wide, torch.cat(steps, dim=1)
+
+
+@pytest.mark.parametrize("width", [2, 5, 9])
+def test_verification_logits_equal_decoding_steps_bit_for_bit(bf16_target, width):
+    gen = torch.Generator().manual_seed(width)
+    tokens = torch.randint(0, CFG.vocab_size, (1, 40 + width), generator=gen)
+    wide, steps = _steps(bf16_target, tokens[:, :40], tokens[:, 40:])
+    assert torch.equal(wide, steps)
+
+
+@pytest.mark.parametrize("drop", ["attention", "linear"])
+def test_each_exact_path_is_needed(bf16_target, monkeypatch, drop):
+    """The check above has teeth: without either path (one masked attention call over the chunk; one-row
+    GEMVs), the chunk's logits round apart from the decoding steps'."""
+    if drop == "attention":
+        monkeypatch.setattr(llama, "EXACT_ATTENTION_MAX", 0)
+    else:
+        monkeypatch.setattr(llama.Linear, "forward", torch.nn.Linear.forward)
+    tokens = torch.randint(0, CFG.vocab_size, (1, 45), generator=torch.Generator().manual_seed(0))
+    wide, steps = _steps(bf16_target, tokens[:, :40], tokens[:, 40:])
+    assert not torch.equal(wide, steps)
+
+
+def test_speculative_greedy_equals_plain_in_bf16(bf16_target):
+    """A draft that is the target itself at another seed's noise: rounds accept, reject and roll back, and the
+    output is plain decoding's, token for token."""
+    draft = LlamaModel.random(CFG, seed=4, std=0.05, dtype=torch.bfloat16)
+    with torch.no_grad():  # half target, half noise: acceptance in between
+        for pd, pt in zip(draft.parameters(), bf16_target.parameters()):
+            pd.copy_((pd.float() + pt.float()) / 2)
+    gen = torch.Generator().manual_seed(1)
+    accepted = 0
+    for n in range(3):
+        prompt = torch.randint(0, CFG.vocab_size, (12 + n,), generator=gen).tolist()
+        for gamma in (3, 6):
+            params = GenerationParams(max_new_tokens=32, gamma=gamma)
+            plain = generate(bf16_target, prompt, params)
+            spec = generate(bf16_target, prompt, params, DraftModelProposer(draft, len(prompt) + 40))
+            assert spec.token_ids == plain.token_ids
+            accepted += spec.metrics.accepted
+    assert accepted > 0
+
+
+def test_seen_prefixes():
+    causal = torch.ones(3, 7, dtype=torch.bool).tril(4)
+    assert _seen_prefixes(causal) == [5, 6, 7]
+    tree = causal.clone()
+    tree[2, 5] = False  # sees key 6 but not key 5: not a prefix
+    assert _seen_prefixes(tree) == [5, 6, None]
