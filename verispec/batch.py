@@ -38,8 +38,8 @@ class BatchKVCache:
         self.max_len = min(max_len, cfg.max_position_embeddings)
         self.capacity = self.max_len + slack
         shape = (cfg.num_hidden_layers, rows, cfg.num_key_value_heads, self.capacity, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=model.dtype, device=model.device)
-        self.v = torch.zeros(shape, dtype=model.dtype, device=model.device)
+        self.k = torch.zeros(shape, dtype=model.attention_dtype, device=model.device)
+        self.v = torch.zeros(shape, dtype=model.attention_dtype, device=model.device)
         self.lengths = [0] * rows  # committed tokens per row
         # Set by forward_rows for the duration of one batched forward:
         self._rows: Tensor | None = None  # [n] the rows in this forward
@@ -78,8 +78,8 @@ class BatchKVCache:
         """Batched write (inside forward_rows): k, v [n, kv_heads, T, head_dim] -> keys/values [n, kv, S, D]."""
         assert self._rows is not None and self._slots is not None, "write() outside forward_rows"
         rows = self._rows[:, None]  # [n, 1]
-        self.k[layer][rows, :, self._slots] = k.transpose(1, 2)  # indexed view is [n, T, kv, D]
-        self.v[layer][rows, :, self._slots] = v.transpose(1, 2)
+        self.k[layer][rows, :, self._slots] = k.transpose(1, 2).to(self.k.dtype)  # indexed view is [n, T, kv, D]
+        self.v[layer][rows, :, self._slots] = v.transpose(1, 2).to(self.v.dtype)
         if self._prefix:
             n = k.shape[0]
             return self.k[layer, :n, :, : self._read], self.v[layer, :n, :, : self._read]

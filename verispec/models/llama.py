@@ -144,8 +144,8 @@ class Block(nn.Module):
         q = apply_rope(q.view(batch, t, self.n_heads, self.hd).transpose(1, 2), cos, sin)  # [B, H, T, D]
         k = apply_rope(k.view(batch, t, self.n_kv, self.hd).transpose(1, 2), cos, sin)
         v = v.view(batch, t, self.n_kv, self.hd).transpose(1, 2)
-        k_all, v_all = cache.write(layer, k, v)  # [B, KV, length + T, D]
-        gqa = self.n_kv != self.n_heads
+        k_all, v_all = cache.write(layer, k, v)  # [B, KV, length + T, D], in the cache's dtype (attention_dtype)
+        q, gqa = q.to(k_all.dtype), self.n_kv != self.n_heads
         if seen is None:
             attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=gqa)
         else:
@@ -159,7 +159,7 @@ class Block(nn.Module):
                 for j, i in enumerate(rest):
                     parts[i] = masked[:, :, j : j + 1]
             attn = torch.cat(parts, dim=2)
-        x = x + self.wo(attn.transpose(1, 2).reshape(batch, t, -1))
+        x = x + self.wo(attn.to(x.dtype).transpose(1, 2).reshape(batch, t, -1))
         gate, up = self.w13(self.ffn_norm(x)).chunk(2, dim=-1)
         return x + self.w2(F.silu(gate) * up)
 
@@ -194,11 +194,18 @@ class LlamaModel(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype
 
+    @property
+    def attention_dtype(self) -> torch.dtype:
+        """The KV cache's and attention's dtype: float32 for a bfloat16 model on a CPU, where torch's one-query
+        bf16 attention is 10x slower than float32's (0.67 vs 0.06 ms a layer over 600 keys: 19 ms of a 1.5B
+        decoding step). Keys and values are rounded to bf16 first, as they would be in a bf16 cache."""
+        return torch.float32 if self.dtype == torch.bfloat16 and self.device.type == "cpu" else self.dtype
+
     def new_cache(self, max_len: int, batch: int = 1) -> KVCache:
         max_len = min(max_len, self.cfg.max_position_embeddings)
         return KVCache(
             self.cfg.num_hidden_layers, self.cfg.num_key_value_heads, self.cfg.head_dim, max_len,
-            batch=batch, dtype=self.dtype, device=self.device,
+            batch=batch, dtype=self.attention_dtype, device=self.device,
         )
 
     @torch.inference_mode()
