@@ -124,9 +124,11 @@ def test_quantized_target_speculative_equals_its_own_plain(kind, tmp_path):
 
 
 def test_w8a8_rows_do_not_depend_on_the_rest_of_the_batch():
-    """Per-token activation quantization through a per-batch kernel: each row is normalised first, so a token's
-    output is bit-identical alone or beside others (a verification forward must not let later drafts change
-    an earlier position's logits). Rows of very different ranges make a per-batch scale show."""
+    """Per-token activation quantization through a per-batch kernel: each row is normalised first, so a token is
+    quantized the same alone or beside others (later drafts must not change an earlier position's logits).
+    Rows of very different ranges make a per-batch scale show. What is left is float rounding: fbgemm's
+    epilogue rounds differently with the row count (33 of 200 random 5-row batches differed in the last bits),
+    so w8a8 is close, not bit-exact; this batch happens to match to the bit."""
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 48, bias=True)
     q = RowInt8Linear(layer)
