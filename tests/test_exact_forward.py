@@ -13,7 +13,7 @@ import torch
 
 import verispec.models.llama as llama
 from verispec.engine import GenerationParams, generate
-from verispec.models.llama import LlamaConfig, LlamaModel, _seen_prefixes
+from verispec.models.llama import LlamaConfig, LlamaModel, seen_prefixes
 from verispec.proposers.draft_model import DraftModelProposer
 
 # The real target's widths (Qwen2.5-1.5B: 1536 wide, 12 heads of 128, 2 KV heads): smaller matmuls take the same
@@ -88,9 +88,31 @@ def test_speculative_greedy_equals_plain_in_bf16(bf16_target):
     assert 0 < accepted < drafted, (accepted, drafted)
 
 
-def test_seen_prefixes():
+def testseen_prefixes():
     causal = torch.ones(3, 7, dtype=torch.bool).tril(4)
-    assert _seen_prefixes(causal) == [5, 6, 7]
+    assert seen_prefixes(causal) == [5, 6, 7]
     tree = causal.clone()
     tree[2, 5] = False  # sees key 6 but not key 5: not a prefix
-    assert _seen_prefixes(tree) == [5, 6, None]
+    assert seen_prefixes(tree) == [5, 6, None]
+
+
+def test_small_batched_rounds_equal_lone_sequences_bit_for_bit(bf16_target):
+    """The server's batched round (rows of different lengths) gives each row the logits its lone sequence's
+    forward gives, so concurrent greedy requests reproduce `generate` exactly while a round's rows hold at most
+    EXACT_ATTENTION_MAX tokens (here 3 rows x 5)."""
+    from verispec.batch import BatchKVCache, forward_rows
+
+    model = bf16_target
+    gen = torch.Generator().manual_seed(7)
+    seqs = [torch.randint(0, CFG.vocab_size, (n,), generator=gen).tolist() for n in (30, 21, 26)]
+    news = [torch.randint(0, CFG.vocab_size, (n,), generator=gen).tolist() for n in (4, 2, 3)]
+    cache = BatchKVCache(model, 3, 64)
+    for r, s in enumerate(seqs):
+        model.forward(torch.tensor([s[:-1]]), cache.row(r), last_n=1)
+        cache.commit(r, len(s) - 1)
+    batched = forward_rows(model, [s[-1:] + n for s, n in zip(seqs, news)], cache)
+    for got, s, n in zip(batched, seqs, news):
+        alone = model.new_cache(64)
+        model.forward(torch.tensor([s[:-1]]), alone, last_n=1)
+        alone.commit(len(s) - 1)
+        assert torch.equal(got, model.forward(torch.tensor([s[-1:] + n]), alone)[0])

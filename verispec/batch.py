@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from verispec.cache import CacheFullError
-from verispec.models.llama import LlamaModel
+from verispec.models.llama import EXACT_ATTENTION_MAX, LlamaModel, seen_prefixes
 
 
 class BatchKVCache:
@@ -159,11 +159,13 @@ def forward_rows(model: LlamaModel, chains: list[list[int]], cache: BatchKVCache
     cache._rows = torch.tensor(rows, dtype=torch.long, device=device)
     cache._prefix = rows == list(range(n))
     cache._slots, cache._read = slots.to(device), read
+    # Small rounds attend each query alone, as a lone sequence's forward does (models.llama.EXACT_ATTENTION_MAX).
+    seen = [seen_prefixes(m) for m in mask] if n * t <= EXACT_ATTENTION_MAX else None
     try:
         x = model.embed(tokens)
         mask = mask[:, None].to(device)  # [n, 1, T, S]
         for i, layer in enumerate(model.layers):
-            x = layer(x, i, cache, cos, sin, mask)
+            x = layer(x, i, cache, cos, sin, mask, seen)
         if last_only:
             x = x[torch.arange(n, device=device), torch.tensor(lens, device=device) - 1][:, None]  # [n, 1, H]
             lens = [1] * n

@@ -96,12 +96,13 @@ class Linear(nn.Linear):
 # Forwards of up to this many tokens (verifications, not prefills) attend each query that sees a plain prefix
 # of the keys on its own, exactly as a decoding step attends its one token. Attention kernels round a query's
 # softmax-weighted sum differently with other queries or a mask beside it; one at a time, the forward is the
-# same function of (cache, token) for every position, so speculative greedy output equals plain decoding's
-# bit for bit (linear layers: see Linear). A few more small kernel calls per layer.
+# same function of (cache, token) for every position. With Linear's one-row path this makes bfloat16
+# speculative greedy output equal plain decoding's bit for bit on a CPU (float32 and w8a8 matmuls still round
+# with the row count). A few more small kernel calls per layer.
 EXACT_ATTENTION_MAX = 16
 
 
-def _seen_prefixes(mask: Tensor) -> list[int | None]:
+def seen_prefixes(mask: Tensor) -> list[int | None]:
     """For each query row of a [T, S] bool mask: n if it sees exactly keys 0 .. n-1, else None."""
     counts = mask.sum(-1)
     is_prefix = mask.int().cumprod(-1).sum(-1) == counts  # no key seen after one unseen
@@ -135,9 +136,10 @@ class Block(nn.Module):
         self.w2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor, layer: int, cache: KVCache, cos: Tensor, sin: Tensor, mask: Tensor | None,
-                seen: list[int | None] | None = None) -> Tensor:
-        """seen[i]: the number of keys query i sees when they are exactly keys 0 .. seen[i]-1; such queries are
-        attended one at a time, as a decoding step attends its token (see LlamaModel.forward); None: masked."""
+                seen: list[list[int | None]] | None = None) -> Tensor:
+        """seen[b][i]: the number of keys query i of row b sees when they are exactly keys 0 .. seen[b][i]-1;
+        such queries are attended one at a time, as a decoding step attends its token (see LlamaModel.forward);
+        None: by the masked call."""
         batch, t, _ = x.shape
         qkv = self.wqkv(self.attn_norm(x))
         q, k, v = qkv.split([self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
@@ -146,19 +148,16 @@ class Block(nn.Module):
         v = v.view(batch, t, self.n_kv, self.hd).transpose(1, 2)
         k_all, v_all = cache.write(layer, k, v)  # [B, KV, length + T, D], in the cache's dtype (attention_dtype)
         q, gqa = q.to(k_all.dtype), self.n_kv != self.n_heads
+        masked = None
+        if seen is None or any(n is None for row in seen for n in row):
+            masked = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=gqa)
         if seen is None:
-            attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=gqa)
+            attn = masked
         else:
-            rest = [i for i, n in enumerate(seen) if n is None]
-            parts: list[Tensor | None] = [
-                None if n is None else F.scaled_dot_product_attention(
-                    q[:, :, i : i + 1], k_all[:, :, :n], v_all[:, :, :n], enable_gqa=gqa)
-                for i, n in enumerate(seen)]
-            if rest:
-                masked = F.scaled_dot_product_attention(q[:, :, rest], k_all, v_all, attn_mask=mask[rest], enable_gqa=gqa)
-                for j, i in enumerate(rest):
-                    parts[i] = masked[:, :, j : j + 1]
-            attn = torch.cat(parts, dim=2)
+            attn = torch.cat([torch.cat([
+                masked[b : b + 1, :, i : i + 1] if n is None else F.scaled_dot_product_attention(
+                    q[b : b + 1, :, i : i + 1], k_all[b : b + 1, :, :n], v_all[b : b + 1, :, :n], enable_gqa=gqa)
+                for i, n in enumerate(row)], dim=2) for b, row in enumerate(seen)], dim=0)
         x = x + self.wo(attn.to(x.dtype).transpose(1, 2).reshape(batch, t, -1))
         gate, up = self.w13(self.ffn_norm(x)).chunk(2, dim=-1)
         return x + self.w2(F.silu(gate) * up)
@@ -236,7 +235,7 @@ class LlamaModel(nn.Module):
             mask = torch.ones(t, start + t, dtype=torch.bool, device=tokens.device).tril(start)
         else:  # a single token sees everything
             mask = None
-        seen = _seen_prefixes(mask) if mask is not None and t <= EXACT_ATTENTION_MAX else None
+        seen = [seen_prefixes(mask)] if mask is not None and t <= EXACT_ATTENTION_MAX else None
         x = self.embed(tokens)
         for i, layer in enumerate(self.layers[: len(self.layers) if layers is None else layers]):
             x = layer(x, i, cache, cos, sin, mask, seen)
