@@ -8,6 +8,7 @@ tokens and the same end-of-sequence ids, and their sampling is reduced to plain 
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -256,6 +257,7 @@ LLAMA_CPP_HINT = (
 )
 
 
+@functools.cache
 def _has_amx() -> bool:
     try:
         with open("/proc/cpuinfo") as f:

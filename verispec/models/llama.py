@@ -148,14 +148,16 @@ class Block(nn.Module):
         v = v.view(batch, t, self.n_kv, self.hd).transpose(1, 2)
         k_all, v_all = cache.write(layer, k, v)  # [B, KV, length + T, D], in the cache's dtype (attention_dtype)
         q, gqa = q.to(k_all.dtype), self.n_kv != self.n_heads
-        masked = None
-        if seen is None or any(n is None for row in seen for n in row):
-            masked = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=gqa)
         if seen is None:
-            attn = masked
+            attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=gqa)
         else:
+            # the masked call covers only the query positions some row cannot attend alone
+            rest = sorted({i for row in seen for i, n in enumerate(row) if n is None})
+            at = {i: j for j, i in enumerate(rest)}
+            masked = F.scaled_dot_product_attention(
+                q[:, :, rest], k_all, v_all, attn_mask=mask[..., rest, :], enable_gqa=gqa) if rest else None
             attn = torch.cat([torch.cat([
-                masked[b : b + 1, :, i : i + 1] if n is None else F.scaled_dot_product_attention(
+                masked[b : b + 1, :, at[i] : at[i] + 1] if n is None else F.scaled_dot_product_attention(
                     q[b : b + 1, :, i : i + 1], k_all[b : b + 1, :, :n], v_all[b : b + 1, :, :n], enable_gqa=gqa)
                 for i, n in enumerate(row)], dim=2) for b, row in enumerate(seen)], dim=0)
         x = x + self.wo(attn.to(x.dtype).transpose(1, 2).reshape(batch, t, -1))
