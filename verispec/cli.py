@@ -43,14 +43,18 @@ def _strategy_help() -> str:
     return "; ".join(f"{s.name} ({s.help})" for s in STRATEGIES.values())
 
 
+DTYPE_CHOICES = ["bfloat16", "float32", "int8", "int4", "w8a8", "w4a8", "w4a8-4bit"]
+
+
 def _model_args(p: argparse.ArgumentParser, default_target: str, default_draft: str) -> None:
     p.add_argument("--target", default=default_target, help="HF directory, .gguf file or packaged name (default: %(default)s)")
     p.add_argument("--draft", default=default_draft, help="draft model, same forms (default: %(default)s)")
-    p.add_argument("--dtype", choices=["bfloat16", "float32", "int8", "int4", "w8a8"], default="bfloat16",
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="bfloat16",
                    help="the target's precision (int8/int4: weight-only quantized; w8a8: int8 weights and per-token "
-                        "int8 activations, fastest on a CPU); output is lossless relative to the target as run "
-                        "(default: %(default)s)")
-    p.add_argument("--draft-dtype", choices=["bfloat16", "float32", "int8", "int4", "w8a8"], default=None,
+                        "int8 activations; w4a8: 4-bit weights (8 where the GGUF had more) and int8 activations on "
+                        "verispec's AVX-512 VNNI kernel, fastest on a CPU); output is lossless relative to the "
+                        "target as run (default: %(default)s)")
+    p.add_argument("--draft-dtype", choices=DTYPE_CHOICES, default=None,
                    help="the draft's precision; it never changes the output distribution (default on the CPU: int4 "
                         "beside a bfloat16, int8, int4 or w8a8 target, else the target's)")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",

@@ -101,8 +101,15 @@ def load(spec: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu
     torch_dtype = torch.bfloat16 if quantized else DTYPES[dtype] if isinstance(dtype, str) else dtype
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelError("--device cuda was asked for, but this PyTorch build sees no CUDA device")
-    if quantized in ("int4", "w8a8") and device != "cpu":
-        raise ModelError(f"{quantized} weights use PyTorch's CPU kernels: run them with --device cpu")
+    if quantized in ("int4", "w8a8", "w4a8", "w4a8-4bit") and device != "cpu":
+        raise ModelError(f"{quantized} weights use CPU kernels: run them with --device cpu")
+    if quantized and quantized.startswith("w4a8"):  # build (or find) the kernel before minutes of conversion
+        from verispec.models.kernels import KernelError, w4a8
+
+        try:
+            w4a8()
+        except KernelError as e:
+            raise ModelError(str(e)) from e
     if spec.startswith(RANDOM_PREFIX):
         if quantized:
             raise ModelError(f"random weights come in bfloat16 or float32, not {quantized}")

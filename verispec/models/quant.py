@@ -20,7 +20,7 @@ from torch import Tensor, nn
 if TYPE_CHECKING:
     from verispec.models.llama import LlamaModel
 
-QUANTIZED = ("int8", "int4", "w8a8")
+QUANTIZED = ("int8", "int4", "w8a8", "w4a8", "w4a8-4bit")
 INT4_GROUP = 32  # the sub-block of GGUF's Q4_K: its 4-bit grids requantize with little extra error
 
 
@@ -118,6 +118,96 @@ class RowInt8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
+def affine_groups(w: Tensor, levels: int, group: int = 32) -> tuple[Tensor, Tensor, Tensor]:
+    """[N, K] -> q [N, K] uint8 in 0..levels, and fp16 scale and offset [N, K / group] with w ~ s * q + o.
+
+    The group's min is the offset. The step is (max - min) / levels, unless the group's values already sit on a
+    coarser grid that spans fewer levels (a GGUF Q4_K group whose codes skip 0 or 15): its step, the smallest
+    gap between two of its values, is then kept, so such weights are reproduced rather than re-quantized."""
+    n, k = w.shape
+    g = w.reshape(n, k // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    step = (hi - lo) / levels
+    if levels < group:  # a group can show every level of a 4-bit grid, so a gap can reveal its step
+        srt = g.sort(-1).values
+        gaps = srt.diff(dim=-1)
+        gap = torch.where(gaps > (hi - lo)[..., None] * 1e-3, gaps, torch.inf).amin(-1)
+        span = ((hi - lo) / gap).round()
+        fits = (span < levels) & (span > 0) & torch.isfinite(gap)
+        step = torch.where(fits, (hi - lo) / span.clamp_min(1), step)
+    s = torch.where(hi > lo, step, 1.0).half().clamp_min(2**-24)  # a constant group: any step, q = 0
+    o = lo.half()
+    q = ((g - o.float()[..., None]) / s.float()[..., None]).round().clamp(0, levels).to(torch.uint8)
+    return q.reshape(n, k), s, o
+
+
+def on_4bit_grid(w: Tensor, group: int = 32) -> bool:
+    """Whether a 4-bit grid per group holds these weights: true of GGUF's Q4_K tensors (dequantized, rounded to
+    bf16), false of Q6_K, Q8_0 or full-precision ones. The test: in 9 groups of 10, re-quantizing errs by under
+    a tenth of a step (a weight off the grid errs by ~0.29 of a step, RMS)."""
+    q, s, o = affine_groups(w, 15, group)
+    n, k = w.shape
+    err = q.reshape(n, k // group, group).float() * s.float()[..., None] + o.float()[..., None] - w.reshape(n, k // group, group)
+    rel = err.square().mean(-1).sqrt() / s.float()
+    return bool((rel < 0.1).float().mean() >= 0.9)
+
+
+class W4A8Linear(nn.Module):
+    """4-bit weights (groups of 32, w = s * q + o) times per-row int8 activations, on verispec's AVX-512 VNNI
+    kernel (kernels/w4a8.cpp): it reads 0.56 bytes a weight (bf16 reads 2), and a 5-token verification costs
+    little more than a 1-token step. `bits=None` keeps 8 bits for a matrix that a 4-bit grid would coarsen
+    (GGUF's Q6_K tensors), so a target converted from Q4_K/Q6_K keeps its precision. A row's output does not
+    depend on the other rows in the forward: greedy speculation equals plain decoding bit for bit."""
+
+    def __init__(self, linear: nn.Linear, bits: int | None = None) -> None:
+        super().__init__()
+        n, k = linear.out_features, linear.in_features
+        np_, kp = -(-n // 16) * 16, -(-k // 32) * 32  # the kernel's tiles; only tiny test models need the padding
+        meta = linear.weight.device.type == "meta"
+        w = torch.nn.functional.pad(linear.weight.detach().float(), (0, kp - k, 0, np_ - n))
+        self.bits = bits or (4 if meta or on_4bit_grid(w) else 8)
+        if meta:
+            q = torch.empty(np_, kp, dtype=torch.uint8, device="meta")
+            s = o = torch.empty(np_, kp // 32, dtype=torch.half, device="meta")
+        else:
+            q, s, o = affine_groups(w, 2**self.bits - 1)
+        self.register_buffer("weight", self.pack(q, self.bits))
+        self.register_buffer("scales", s.reshape(np_ // 16, 16, kp // 32).transpose(1, 2).contiguous())
+        self.register_buffer("offsets", o.reshape(np_ // 16, 16, kp // 32).transpose(1, 2).contiguous())
+        bias = None if linear.bias is None else torch.nn.functional.pad(linear.bias.detach().float(), (0, np_ - n))
+        self.register_buffer("bias", bias)
+        self.in_features, self.out_features, self._padded = k, n, (kp, np_)
+
+    @staticmethod
+    def pack(q: Tensor, bits: int) -> Tensor:
+        """[N, K] codes -> the kernel's layout: 16 columns a vector, 4 consecutive inputs a lane (see w4a8.cpp)."""
+        n, k = q.shape
+        if bits == 8:
+            return q.reshape(n // 16, 16, k // 4, 4).permute(0, 2, 1, 3).reshape(n // 16, k // 4, 64).contiguous()
+        qb = q.reshape(n // 16, 16, k // 8, 2, 4).permute(0, 2, 1, 4, 3)  # block, octet, lane, byte, nibble
+        return (qb[..., 0] | (qb[..., 1] << 4)).reshape(n // 16, k // 8, 64).contiguous()
+
+    def _load_from_state_dict(self, state: dict, prefix: str, *args: Any) -> None:
+        """A cached matrix may hold 8-bit codes where this module was built (on the meta device) for 4."""
+        saved = state.get(prefix + "weight")
+        if saved is not None and saved.shape != self.weight.shape:
+            self.bits = 8 if saved.shape[1] == self._padded[0] // 4 else 4
+            self.weight = torch.empty(saved.shape, dtype=saved.dtype, device=self.weight.device)
+        super()._load_from_state_dict(state, prefix, *args)
+
+    def forward(self, x: Tensor) -> Tensor:
+        from verispec.models.kernels import w4a8
+
+        flat = x.reshape(-1, self.in_features).float()
+        kp, np_ = self._padded
+        flat = torch.nn.functional.pad(flat, (0, kp - self.in_features)) if kp != self.in_features else flat.contiguous()
+        bias = self.bias if self.bias is not None else flat.new_empty(0)
+        y = w4a8().w4a8_mm(flat, self.weight, self.scales, self.offsets, bias)
+        if np_ != self.out_features:
+            y = y[:, : self.out_features]
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
 def quantize(model: nn.Module, kind: str = "int8") -> nn.Module:
     """Replace every nn.Linear (including a tied LM head, which gets its own copy) in place; the model
     must run in bfloat16 activations afterwards. int4 falls back to int8 for a layer its kernel cannot take."""
@@ -129,6 +219,9 @@ def quantize(model: nn.Module, kind: str = "int8") -> nn.Module:
                 if kind == "w8a8":
                     setattr(module, child_name, RowInt8Linear(child))
                     continue
+                if kind.startswith("w4a8"):
+                    setattr(module, child_name, W4A8Linear(child, bits=4 if kind == "w4a8-4bit" else None))
+                    continue
                 four = kind == "int4" and Int4Linear.fits(child)
                 setattr(module, child_name, Int4Linear(child) if four else Int8Linear(child))
     return model
@@ -139,7 +232,8 @@ def quantize_int8(model: nn.Module) -> nn.Module:
 
 
 def cache_file(kind: str) -> str:
-    return {"int8": "verispec-int8.safetensors", "w8a8": "verispec-w8a8.safetensors"}.get(
+    return {"int8": "verispec-int8.safetensors", "w8a8": "verispec-w8a8.safetensors",
+            "w4a8": "verispec-w4a8.safetensors", "w4a8-4bit": "verispec-w4a8-4bit.safetensors"}.get(
         kind, f"verispec-int4-g{INT4_GROUP}.safetensors")
 
 
@@ -150,7 +244,7 @@ def load_quantized_llama(path: Path, kind: str = "int8", dtype: torch.dtype = to
 
     from verispec.models.llama import LlamaConfig, LlamaModel
 
-    if kind == "w8a8":
+    if kind in ("w8a8", "w4a8", "w4a8-4bit"):
         dtype = torch.float32  # activations stay float32 between the integer matmuls
     cached = path / cache_file(kind)
     if cached.is_file():
@@ -159,7 +253,7 @@ def load_quantized_llama(path: Path, kind: str = "int8", dtype: torch.dtype = to
             model = quantize(LlamaModel(cfg).to(dtype), kind)
         model.load_state_dict(load_file(str(cached)), strict=True, assign=True)
         for m in model.modules():  # the kernels' vector loads need aligned memory; a file's offsets may not be
-            if isinstance(m, (Int8Linear, Int4Linear, RowInt8Linear)):
+            if isinstance(m, (Int8Linear, Int4Linear, RowInt8Linear, W4A8Linear)):
                 for name, buf in list(m.named_buffers(recurse=False)):
                     setattr(m, name, buf.clone())
         model.init_rope()
