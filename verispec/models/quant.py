@@ -258,6 +258,9 @@ def load_quantized_llama(path: Path, kind: str = "int8", dtype: torch.dtype = to
                     setattr(m, name, buf.clone())
         model.init_rope()
         return _packed(model.eval())
+    import sys
+
+    print(f"quantizing {path.name} to {kind} (once; cached in {cached.name})...", file=sys.stderr)
     model = quantize(LlamaModel.from_hf_dir(path, dtype=dtype), kind)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     tmp = cached.with_suffix(".tmp")

@@ -21,7 +21,7 @@
 namespace {
 
 typedef int32_t int32_u __attribute__((may_alias, aligned(1)));  // an unaligned 4-byte load that may alias int8s
-constexpr int kPrefetch = 4096;  // bytes ahead of the weights being read: the hardware prefetcher alone reaches ~60%
+constexpr int kPrefetch = 8192;  // bytes ahead of the weights being read: without it, ~80% of the bandwidth reached
 
 template <int R, int BITS>
 void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t* xq, const float* xsum,
