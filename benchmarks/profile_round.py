@@ -39,6 +39,7 @@ def main() -> int:
     ap.add_argument("--strategies", default="ar,draft,adaptive")
     ap.add_argument("--gamma", type=int, default=4, help="gamma of draft; adaptive gets twice this as its cap")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--ngram-min", type=int, default=None, help="draft+ngram: shortest suffix match that uses the n-gram proposal (default: the strategy's)")
     ap.add_argument("--categories", default="code_completion,code_instruct")
     ap.add_argument("--limit", type=int, default=2, help="prompts per category")
     args = ap.parse_args()
@@ -68,7 +69,7 @@ def main() -> int:
         target = targets[dtype]
         gamma = 2 * args.gamma if strategy == "adaptive" else args.gamma
         proposer = make_proposer(strategy, target, drafts.get(ddtype), len(prompt) + max_new + gamma + 2,
-                                 StrategyOptions())
+                                 StrategyOptions(ngram_min=args.ngram_min))
         params = GenerationParams(max_new_tokens=max_new, gamma=gamma, eos_ids=tuple(tok.eos_ids))
         return generate(target.model, prompt, params, proposer).metrics
 

@@ -62,7 +62,7 @@ def _model_args(p: argparse.ArgumentParser, default_target: str, default_draft: 
                         "lossless, faster drafting (default: the whole vocabulary)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
     p.add_argument("--ngram-max", type=int, default=3, help="longest suffix n-gram matched (ngram strategies; default: %(default)s)")
-    p.add_argument("--ngram-min", type=int, default=2, help="shortest suffix n-gram matched; draft+ngram uses the n-gram proposal from this length on (default: %(default)s)")
+    p.add_argument("--ngram-min", type=int, default=None, help="shortest suffix n-gram matched; draft+ngram uses the n-gram proposal from this length on, else the draft model (default: 2 for ngram, 3 for draft+ngram)")
     p.add_argument("--layers", type=int, default=None,
                    help="layerskip: draft with the target's first LAYERS blocks (default: the saved "
                         "`verispec calibrate-layerskip` choice for the target, else half its layers)")
@@ -77,7 +77,7 @@ def _model_args(p: argparse.ArgumentParser, default_target: str, default_draft: 
 def _options(args: argparse.Namespace):
     from verispec.strategies import StrategyOptions
 
-    if not 1 <= args.ngram_min <= args.ngram_max:
+    if args.ngram_max < 1 or (args.ngram_min is not None and not 1 <= args.ngram_min <= args.ngram_max):
         fail(f"need 1 <= --ngram-min <= --ngram-max, got {args.ngram_min} and {args.ngram_max}")
     if args.layers is not None and args.layers < 1:
         fail(f"--layers must be at least 1, got {args.layers}")
@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text from a prompt, speculatively")
     gen.add_argument("prompt", help="the prompt text ('-' reads standard input)")
     _model_args(gen, DEFAULT_TARGET, DEFAULT_DRAFT)
-    gen.add_argument("--strategy", default="draft", help=f"drafting method: {_strategy_help()} (default: %(default)s)")
+    gen.add_argument("--strategy", default="draft+ngram", help=f"drafting method: {_strategy_help()} (default: %(default)s)")
     gen.add_argument("--gamma", type=int, default=4, help="tokens drafted per round (default: %(default)s)")
     gen.add_argument("--temperature", type=_finite, default=0.0, help="0 = greedy (default: %(default)s)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")

@@ -25,7 +25,9 @@ class StrategyOptions:
     """Knobs some strategies read; each ignores the ones it has no use for."""
 
     ngram_max: int = 3
-    ngram_min: int = 2  # a 1-token match is a weak guess, and verifying it costs a wider forward
+    # None: 2 for ngram (a 1-token match is a weak guess, and verifying it costs a wider forward); 3 for draft+ngram,
+    # whose fallback, the draft model, out-guesses a 2-token match on predictable text (benchmarks/profile_round.py)
+    ngram_min: int | None = None
     layerskip_layers: int | None = None  # None: the saved calibration for the target, else half its layers
     lookahead_window: int = 5  # W: Jacobi window columns
     lookahead_ngram: int = 3  # N: n-gram size (window levels + 1)
@@ -81,12 +83,13 @@ def _lookahead(target: LoadedModel, draft: LoadedModel | None, max_len: int, opt
 
 
 def _ngram(target: LoadedModel, draft: LoadedModel | None, max_len: int, options: StrategyOptions) -> Proposer:
-    return NgramProposer(options.ngram_max, options.ngram_min)
+    return NgramProposer(options.ngram_max, min(options.ngram_min or 2, options.ngram_max))
 
 
 def _draft_ngram(target: LoadedModel, draft: LoadedModel | None, max_len: int, options: StrategyOptions) -> Proposer:
-    ngram = NgramProposer(options.ngram_max, options.ngram_min)
-    return DraftNgramProposer(_draft(target, draft, max_len, options), ngram, min_match=options.ngram_min)
+    least = min(options.ngram_min or 3, options.ngram_max)
+    ngram = NgramProposer(options.ngram_max, least)
+    return DraftNgramProposer(_draft(target, draft, max_len, options), ngram, min_match=least)
 
 
 STRATEGIES: dict[str, Strategy] = {
