@@ -63,3 +63,30 @@ def test_rollback_on_real_target_matches_fresh_prefill(models):
     assert after.argmax() == fresh.argmax()
     assert (after - fresh).abs().max() < 0.5
     assert set(torch.topk(after, 5).indices.tolist()) == set(torch.topk(fresh, 5).indices.tolist())
+
+
+def test_w4a8_greedy_speculative_equals_plain_on_real_pair():
+    """The fastest precision keeps the greedy identity: w4a8 target, 4-bit draft, draft+ngram and draft rounds.
+    (Skipped where the kernel cannot be built; the first run quantizes both models, about a minute each.)"""
+    from verispec.engine import GenerationParams, generate
+    from verispec.models.kernels import KernelError, w4a8
+    from verispec.models.load import load
+    from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
+    from verispec.strategies import StrategyOptions, make_proposer
+
+    try:
+        w4a8()
+    except KernelError as e:
+        pytest.skip(str(e))
+    target = load(DEFAULT_TARGET, dtype="w4a8", progress=False)
+    draft = load(DEFAULT_DRAFT, dtype="w4a8-4bit", progress=False)
+    tok = target.tokenizer
+    for text, chat in PROMPTS[:2]:
+        prompt = _prompt(tok, text, chat)
+        params = GenerationParams(max_new_tokens=64, gamma=4, eos_ids=tok.eos_ids)
+        plain = generate(target.model, prompt, params)
+        for strategy in ("draft+ngram", "draft"):
+            proposer = make_proposer(strategy, target, draft, len(prompt) + 80, StrategyOptions())
+            spec = generate(target.model, prompt, params, proposer)
+            assert spec.token_ids == plain.token_ids, (strategy, tok.decode(plain.token_ids), tok.decode(spec.token_ids))
+            assert spec.metrics.rounds < plain.metrics.rounds
