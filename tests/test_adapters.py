@@ -190,3 +190,19 @@ def test_truncated_draft_is_still_lossless(tiny_target, tiny_draft):
     for prompt in ([1], [2, 3, 4]):
         plain = generate(tiny_target, prompt, params)
         assert generate(tiny_target, prompt, params, DraftModelProposer(draft, 64)).token_ids == plain.token_ids
+
+
+def test_memory_check_ignores_cached_quantized_copies(tmp_path, monkeypatch):
+    """The quantized caches sit beside the model's weights; counting them refused a float32 load that fits
+    (22.5 GiB 'needed' for a 3.5 GB model once four caches were there)."""
+    import verispec.models.load as load_mod
+    from verispec.models.errors import ModelError
+
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 1000)
+    with open(tmp_path / "verispec-w4a8.safetensors", "wb") as f:
+        f.truncate(10**6)  # sparse: a big cache file costs no disk
+    monkeypatch.setattr(load_mod, "_available_bytes", lambda: 5000)
+    load_mod._check_memory(tmp_path, {"torch_dtype": "bfloat16"}, torch.float32)  # 2000 bytes needed: fits
+    monkeypatch.setattr(load_mod, "_available_bytes", lambda: 1500)
+    with pytest.raises(ModelError, match="not enough memory"):
+        load_mod._check_memory(tmp_path, {"torch_dtype": "bfloat16"}, torch.float32)

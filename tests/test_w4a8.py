@@ -106,3 +106,4 @@ def test_w4a8_target_speculative_equals_its_own_plain(kind, tmp_path):
                             DraftModelProposer(draft.model, 64))
             assert spec.token_ids == plain.token_ids
         assert spec.metrics.accepted > 0
+
