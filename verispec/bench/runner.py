@@ -8,7 +8,6 @@ tokens and the same end-of-sequence ids, and their sampling is reduced to plain 
 
 from __future__ import annotations
 
-import functools
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -19,6 +18,7 @@ import torch
 
 from verispec.bench.stats import schedule
 from verispec.bench.suite import BenchPrompt
+from verispec.models.kernels import cpu_flags
 
 
 @dataclass(frozen=True)
@@ -257,15 +257,6 @@ LLAMA_CPP_HINT = (
 )
 
 
-@functools.cache
-def _has_amx() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " amx_tile" in line for line in f)
-    except OSError:
-        return False
-
-
 class LlamaCppBackend:
     """llama-cpp-python on the same GGUF file: plain decoding, and its prompt-lookup drafting."""
 
@@ -297,7 +288,7 @@ class LlamaCppBackend:
 
             def no_repack():
                 params = defaults()
-                params.use_extra_bufts = not _has_amx()
+                params.use_extra_bufts = "amx_tile" not in cpu_flags()
                 return params
 
             lib.llama_model_default_params = no_repack

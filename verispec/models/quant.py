@@ -143,9 +143,13 @@ def affine_groups(w: Tensor, levels: int, group: int = 32) -> tuple[Tensor, Tens
 
 def on_4bit_grid(w: Tensor, group: int = 32) -> bool:
     """Whether a 4-bit grid per group holds these weights: true of GGUF's Q4_K tensors (dequantized, rounded to
-    bf16), false of Q6_K, Q8_0 or full-precision ones. The test: in 9 groups of 10, re-quantizing errs by under
-    a tenth of a step (a weight off the grid errs by ~0.29 of a step, RMS)."""
-    q, s, o = affine_groups(w, 15, group)
+    bf16), false of Q6_K, Q8_0 or full-precision ones."""
+    return grid_holds(w, *affine_groups(w, 15, group), group=group)
+
+
+def grid_holds(w: Tensor, q: Tensor, s: Tensor, o: Tensor, *, group: int = 32) -> bool:
+    """Whether the codes q with scales s and offsets o (affine_groups) reproduce w: in 9 groups of 10 they err by
+    under a tenth of a step (a weight off the grid errs by ~0.29 of a step, RMS)."""
     n, k = w.shape
     err = q.reshape(n, k // group, group).float() * s.float()[..., None] + o.float()[..., None] - w.reshape(n, k // group, group)
     rel = err.square().mean(-1).sqrt() / s.float()
@@ -165,12 +169,15 @@ class W4A8Linear(nn.Module):
         np_, kp = -(-n // 16) * 16, -(-k // 32) * 32  # the kernel's tiles; only tiny test models need the padding
         meta = linear.weight.device.type == "meta"
         w = torch.nn.functional.pad(linear.weight.detach().float(), (0, kp - k, 0, np_ - n))
-        self.bits = bits or (4 if meta or on_4bit_grid(w) else 8)
+        self.bits = bits or 4  # on the meta device the cached weights' shapes decide (_load_from_state_dict)
         if meta:
             q = torch.empty(np_, kp, dtype=torch.uint8, device="meta")
             s = o = torch.empty(np_, kp // 32, dtype=torch.half, device="meta")
         else:
             q, s, o = affine_groups(w, 2**self.bits - 1)
+            if bits is None and not grid_holds(w, q, s, o):  # a matrix that a 4-bit grid would coarsen
+                self.bits = 8
+                q, s, o = affine_groups(w, 255)
         self.register_buffer("weight", self.pack(q, self.bits))
         self.register_buffer("scales", s.reshape(np_ // 16, 16, kp // 32).transpose(1, 2).contiguous())
         self.register_buffer("offsets", o.reshape(np_ // 16, 16, kp // 32).transpose(1, 2).contiguous())
