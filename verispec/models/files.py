@@ -1,0 +1,41 @@
+"""Where verispec keeps files, and how it checks them: the cache root, a file's sha256, the GGUF magic.
+
+Shared by packaged.py (assembling the packaged pair) and gguf_convert.py (converting any GGUF), so that
+neither imports the other's module for them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["GGUF_MAGIC", "CHUNK", "cache_dir", "file_sha256"]
+
+GGUF_MAGIC = b"GGUF"
+CHUNK = 8 << 20  # copy/hash in 8 MiB pieces: fast, and memory stays flat
+
+
+def cache_dir() -> Path:
+    """Root of everything verispec caches: `$VERISPEC_CACHE`, else the platform's user cache directory."""
+    env = os.environ.get("VERISPEC_CACHE")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("verispec"))
+
+
+def file_sha256(path: Path, progress: bool, desc: str) -> str:
+    """Hex sha256 of a file, read in pieces so memory stays flat, with an optional progress bar."""
+    from tqdm import tqdm
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f, tqdm(
+        total=path.stat().st_size, unit="B", unit_scale=True, desc=desc, disable=not progress, file=sys.stderr
+    ) as bar:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            bar.update(len(chunk))
+    return h.hexdigest()
