@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from verispec.bench.suite import load_prompts
-from verispec.cli import draft_dtype
+from verispec.defaults import default_draft_dtype
 from verispec.engine import GenerationParams, generate
 from verispec.models.load import default_threads, load
 from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -29,8 +29,7 @@ def main() -> int:
     args = ap.parse_args()
     default_threads()
     target = load(DEFAULT_TARGET, dtype=args.dtype, progress=True)
-    draft = load(DEFAULT_DRAFT, dtype=draft_dtype(argparse.Namespace(draft_dtype=None, dtype=args.dtype, device="cpu")),
-                 progress=True)
+    draft = load(DEFAULT_DRAFT, dtype=default_draft_dtype(args.dtype, "cpu"), progress=True)
     tok = target.tokenizer
     same = total = 0
     for p in load_prompts("suite", categories=args.categories.split(","), limit=args.limit):

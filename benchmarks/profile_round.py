@@ -20,7 +20,7 @@ import time
 import torch
 
 from verispec.bench.suite import load_prompts
-from verispec.cli import draft_dtype
+from verispec.defaults import default_draft_dtype
 from verispec.engine import GenerationParams, generate
 from verispec.models.load import default_threads, load
 from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -48,7 +48,7 @@ def main() -> int:
     dtypes, strategies = args.dtypes.split(","), args.strategies.split(",")
     targets = {d: load(args.target, dtype=d, progress=True) for d in dtypes}
     draft_dtypes = {d: args.draft_dtype.split(",") if args.draft_dtype != "auto" else
-                    [draft_dtype(argparse.Namespace(draft_dtype=None, dtype=d, device="cpu"))] for d in dtypes}
+                    [default_draft_dtype(d, "cpu")] for d in dtypes}
     drafts = {}
     if any(s != "ar" for s in strategies):
         drafts = {dd: load(args.draft, dtype=dd, progress=True) for dds in draft_dtypes.values() for dd in dds}

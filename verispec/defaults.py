@@ -1,0 +1,49 @@
+"""Hardware-dependent defaults: the fastest exact configuration we measured for a machine.
+
+One module, imported by the command line (`generate`, `serve`, `bench`) and by the scripts in benchmarks/, so
+that every entry point answers the same question the same way. Each default names the measurement behind it
+(the folders under benchmarks/results/). Plain functions of plain values: no torch, no models.
+"""
+
+from __future__ import annotations
+
+__all__ = ["DEFAULT_STRATEGY", "DEFAULT_DTYPE", "DEFAULT_DEVICE", "default_gamma", "default_draft_dtype"]
+
+# Prompt lookup where the last 3 tokens recur, else the draft model: +24-28% decode tok/s over `draft` on 10 code
+# prompts with a w4a8 target, +9% with bf16 (benchmarks/profile_round.py; benchmarks/results/
+# 2026-11-23-epyc-avx512-bf16-draft-vs-draft-ngram and 2026-11-23-epyc-avx512-w4a8-draft-ngram-vs-llamacpp).
+DEFAULT_STRATEGY = "draft+ngram"
+DEFAULT_DTYPE = "bfloat16"  # the target as the GGUF defines it (dequantized): the faithful one
+DEFAULT_DEVICE = "cpu"
+
+
+def default_gamma(dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE) -> int:
+    """Tokens drafted per round when none is asked for.
+
+    γ = 8 where verification is nearly free: a bfloat16 or float32 target on a CPU is bound by reading 3 GB of
+    weights, so 9 tokens cost ~1.3x one (benchmarks/results/2026-11-23-epyc-avx512-bf16-draft-ngram-gamma: 2.55x
+    over plain against 2.33x with γ = 4, 10 code prompts). A quantized target's few-row matmuls are
+    compute-bound (w4a8: 1.75x for 8 tokens), and 4 measured best there; 4 elsewhere too (GPU).
+
+    >>> default_gamma("bfloat16", "cpu"), default_gamma("w4a8", "cpu"), default_gamma("bfloat16", "cuda")
+    (8, 4, 4)
+    """
+    return 8 if device == "cpu" and dtype in ("bfloat16", "float32") else 4
+
+
+def default_draft_dtype(dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE) -> str:
+    """The draft's precision beside a target of precision `dtype`; it never changes the output distribution.
+
+    On a CPU a quantized draft is faster at about the same acceptance: 4-bit weights beside a bfloat16, int8,
+    int4 or w8a8 target (the fastest of int8, int4 and w8a8 drafts beside both bf16 and w8a8 targets,
+    benchmarks/profile_round.py), and w4a8-4bit beside a w4a8 target (its kernel is built by then; it drafts
+    ~7% faster than int4). Elsewhere, and beside a float32 target, the target's own precision.
+
+    >>> default_draft_dtype("bfloat16"), default_draft_dtype("w4a8"), default_draft_dtype("float32")
+    ('int4', 'w4a8-4bit', 'float32')
+    """
+    if device != "cpu":
+        return dtype
+    if dtype.startswith("w4a8"):
+        return "w4a8-4bit"
+    return "int4" if dtype in ("bfloat16", "int8", "int4", "w8a8") else dtype
