@@ -186,3 +186,104 @@ def test_calibrate_layerskip_saves_a_choice_that_generate_uses(pair, capsys, tmp
     code, _, err = run_inline(capsys, "calibrate-layerskip", "--target", str(target), "--candidates", "99",
                               "--prompts", str(prompts), "--categories", "code", "--out", str(out))
     assert code == 2 and "--candidates" in err
+
+
+# ---- per-command and per-strategy flags ----------------------------------------------------------------------
+@pytest.mark.parametrize("args, needle", [
+    (["generate", "hi", "--window", "3"], "--window applies to the lookahead strategy only"),
+    (["generate", "hi", "--strategy", "draft", "--lookahead-ngram", "4"], "--lookahead-ngram applies to the lookahead"),
+    (["generate", "hi", "--strategy", "ngram", "--lookahead-candidates", "2"], "--lookahead-candidates applies to the lookahead"),
+    (["generate", "hi", "--strategy", "draft", "--layers", "2"], "--layers applies to the layerskip strategy only"),
+    (["generate", "hi", "--strategy", "draft", "--ngram-max", "4"], "--ngram-max applies to the ngram and draft+ngram"),
+    (["generate", "hi", "--strategy", "lookahead", "--ngram-min", "2"], "--ngram-min applies to the ngram and draft+ngram"),
+    (["generate", "hi", "--strategy", "ngram", "--draft-confidence", "0.5"],
+     "--draft-confidence applies to the draft, adaptive and draft+ngram strategies only"),
+    (["generate", "hi", "--no-speculate", "--window", "3"], "(the strategy is ar)"),
+    (["bench", "--strategies", "ar,draft", "--window", "3"], "(the strategies are ar, draft)"),
+    (["serve", "--strategy", "ar", "--layers", "2"], "--layers applies to the layerskip strategy only"),
+    (["serve", "--strategy", "ngram", "--draft-per-request"], "--draft-per-request applies to strategies with a draft"),
+    (["serve", "--strategy", "nope"], "unknown strategy 'nope'"),
+    (["theory", "--strategy", "draft"], "unrecognized arguments: --strategy"),
+    (["calibrate-layerskip", "--draft", "x"], "unrecognized arguments: --draft"),
+    (["calibrate-layerskip", "--window", "3"], "unrecognized arguments: --window"),
+])
+def test_a_flag_that_does_nothing_is_refused(capsys, args, needle):
+    code, _, err = run_inline(capsys, *args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], err
+
+
+def test_strategy_flags_are_accepted_by_the_strategies_that_read_them(capsys):
+    from verispec.cli import build_parser
+    from verispec.cli.options import STRATEGY_FLAGS, strategy_options
+    from verispec.strategies import STRATEGIES
+
+    for flag, (field, readers) in STRATEGY_FLAGS.items():
+        for strategy in readers:
+            assert strategy in STRATEGIES
+            value = "0.5" if flag == "--draft-confidence" else "2"
+            args = build_parser().parse_args(["generate", "hi", "--strategy", strategy, flag, value])
+            assert getattr(strategy_options(args, [strategy]), field) == float(value)
+    args = build_parser().parse_args(["bench", "--strategies", "ar,lookahead", "--window", "3"])
+    assert strategy_options(args, ["ar", "lookahead"]).lookahead_window == 3
+
+
+def test_serve_help_lists_every_strategy():
+    from verispec.strategies import STRATEGIES
+
+    proc = run("serve", "--help")
+    assert proc.returncode == 0, proc.stderr
+    choices = proc.stdout.split("--strategy {", 1)[1].split("}", 1)[0].split(",")
+    assert choices == list(STRATEGIES)
+    for name in STRATEGIES:
+        assert f"{name} (" in " ".join(proc.stdout.split())  # each with its one-line description
+
+
+@pytest.mark.parametrize("extra", [[], ["--dtype", "w4a8"], ["--dtype", "float32"], ["--device", "cuda"]])
+def test_serve_defaults_are_generates(capsys, monkeypatch, extra):
+    """serve hands the server the strategy and gamma generate would use, for every precision and device."""
+    import verispec.server
+    from verispec.cli import build_parser
+    from verispec.cli.options import gamma_of
+
+    gen = build_parser().parse_args(["generate", "hi", *extra])
+    seen = {}
+
+    def settings(**kw):
+        seen.update(kw)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(verispec.server, "ServerSettings", settings)
+    code, _, err = run_inline(capsys, "serve", *extra)
+    assert code == 2 and "stop here" in err
+    assert seen["strategy"] == gen.strategy and seen["gamma"] == gamma_of(gen)
+
+
+@pytest.mark.parametrize("strategy", ["ar", "draft", "adaptive", "layerskip", "lookahead", "ngram", "draft+ngram"])
+def test_serve_accepts_every_strategy(monkeypatch, capsys, strategy):
+    import verispec.server
+    from verispec.strategies import STRATEGIES
+
+    assert strategy in STRATEGIES
+    seen = {}
+
+    def settings(**kw):
+        seen.update(kw)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(verispec.server, "ServerSettings", settings)
+    code, _, err = run_inline(capsys, "serve", "--strategy", strategy)
+    assert code == 2 and "stop here" in err and seen["strategy"] == strategy
+
+
+def test_defaults_module():
+    from verispec.defaults import DEFAULT_STRATEGY, default_draft_dtype, default_gamma
+    from verispec.strategies import STRATEGIES
+
+    assert DEFAULT_STRATEGY in STRATEGIES
+    assert default_gamma("bfloat16", "cpu") == 8 and default_gamma("float32", "cpu") == 8
+    assert default_gamma("w4a8", "cpu") == 4 and default_gamma("bfloat16", "cuda") == 4
+    assert default_draft_dtype("bfloat16", "cpu") == "int4" and default_draft_dtype("w8a8", "cpu") == "int4"
+    assert default_draft_dtype("w4a8", "cpu") == "w4a8-4bit" and default_draft_dtype("float32", "cpu") == "float32"
+    assert default_draft_dtype("bfloat16", "cuda") == "bfloat16"

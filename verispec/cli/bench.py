@@ -1,4 +1,4 @@
-"""`verispec bench`: parse the lists, load models and peers, run interleaved, write the report."""
+"""`verispec bench`: parse the lists, load models and peers, run interleaved, write the report (verispec/bench/)."""
 
 from __future__ import annotations
 
@@ -15,19 +15,37 @@ from typing import Any
 import torch
 
 from verispec.bench.runner import LLAMA_CPP_HINT, Config, HFBackend, LlamaCppBackend, Run, VerispecBackend, run_bench
-from verispec.cli import _load_models, _options, draft_dtype, fail
+from verispec.cli.common import comma_list, fail, finite
+from verispec.cli.options import add_model_options, add_strategy_options, draft_dtype_of, load_models, strategy_options
 
 PEERS = ("hf", "llama.cpp")
 
 
-def _list(text: str, kind, name: str) -> list:
-    try:
-        items = [kind(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        fail(f"--{name}: expected a comma-separated list, got {text!r}")
-    if not items:
-        fail(f"--{name} is empty")
-    return list(dict.fromkeys(items))
+def add_parser(sub, default_target: str, default_draft: str) -> None:
+    from verispec.strategies import STRATEGIES
+
+    b = sub.add_parser("bench", help="measure strategies side by side (and peers) on a prompt suite; writes a report")
+    add_model_options(b, default_target, default_draft)
+    b.add_argument("--strategies", default="ar,draft", help=f"comma list of: {', '.join(STRATEGIES)} (ar is always run: it is the baseline; default: %(default)s)")
+    b.add_argument("--gamma", default="2,4,6", help="comma list of gammas for the drafting strategies (default: %(default)s)")
+    add_strategy_options(b)
+    b.add_argument("--temperature", default="0", help="comma list of temperatures, 0 = greedy (default: %(default)s)")
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--prompts", default="suite", help="'suite' (the packaged prompt suite) or a JSON Lines file with 'prompt' (or 'messages') and optional 'category'")
+    b.add_argument("--categories", default=None, help="comma list of categories to run (default: all)")
+    b.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
+    b.add_argument("--repeats", type=int, default=1, help="times each configuration runs on each prompt")
+    b.add_argument("--peers", default="", help="comma list of peers to run beside ours: hf (transformers plain and assisted generation), llama.cpp (plain and prompt lookup; needs llama-cpp-python)")
+    b.add_argument("--seed", type=int, default=0, help="base seed of the sampled runs")
+    b.add_argument("--costs", action="store_true", help="also measure the target's verification-cost curve (1-16 tokens) and the memory-bandwidth limit")
+    b.add_argument("--synthetic", type=finite, default=None, metavar="ERROR_RATE",
+                   help="synthetic acceptance, for speed runs with random weights (--target random:DIR): drafts "
+                        "are the target's own greedy tokens, each wrong with this probability; greedy only")
+    b.add_argument("--no-warmup", action="store_true", help="skip the warm-up pass (first calls are slower)")
+    b.add_argument("--rerender", default=None, metavar="DIR",
+                   help="rebuild DIR's report.md, report.json and plots from its recorded runs (after a Ctrl-C or an upgrade); runs nothing")
+    b.add_argument("--out", default="bench-report", help="directory for report.json, report.md, runs.jsonl and plots (default: %(default)s)")
+    b.set_defaults(run=run)
 
 
 def build_configs(strategies: list[str], gammas: list[int], temperatures: list[float], peers: list[str]) -> list[Config]:
@@ -126,7 +144,7 @@ def rerender(out: Path) -> dict[str, Path]:
     return write_report(out, runs, configs, meta, extra)
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from verispec.bench.report import write_report
 
     if args.rerender is not None:
@@ -141,15 +159,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from verispec.models.load import default_threads
     from verispec.strategies import get
 
-    strategies = _list(args.strategies, str, "strategies")
+    strategies = comma_list(args.strategies, str, "--strategies")
     for s in strategies:
         try:
             get(s)
         except ValueError as e:
             fail(str(e))
-    gammas = _list(args.gamma, int, "gamma")
-    temperatures = _list(args.temperature, float, "temperature")
-    peers = _list(args.peers, str, "peers") if args.peers.strip() else []
+    gammas = comma_list(args.gamma, int, "--gamma")
+    temperatures = comma_list(args.temperature, float, "--temperature")
+    peers = comma_list(args.peers, str, "--peers") if args.peers.strip() else []
     if any(g < 1 for g in gammas):
         fail("--gamma values must be >= 1")
     if any(not math.isfinite(t) or not 0 <= t <= 2 for t in temperatures):
@@ -159,7 +177,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             fail(f"unknown peer {p!r}; choose from {', '.join(PEERS)}")
     if args.repeats < 1 or args.max_new_tokens < 1 or (args.limit is not None and args.limit < 1):
         fail("--repeats, --max-new-tokens and --limit must be >= 1")
-    options = _options(args)
+    options = strategy_options(args, strategies)
     if args.synthetic is not None:
         if not 0 <= args.synthetic <= 1:
             fail(f"--synthetic takes an error rate in [0, 1], got {args.synthetic}")
@@ -167,7 +185,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             fail("--synthetic is for greedy only: use --temperature 0")
         if peers:
             fail("--synthetic applies to our strategies only: drop --peers")
-    categories = _list(args.categories, str, "categories") if args.categories else None
+    categories = comma_list(args.categories, str, "--categories") if args.categories else None
     try:
         prompts = load_prompts(args.prompts, categories=categories, limit=args.limit)
     except (ValueError, OSError) as e:
@@ -180,7 +198,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     default_threads()
     progress = sys.stderr.isatty()
-    target, draft = _load_models(args, strategies, progress)
+    target, draft = load_models(args, strategies, progress)
     tok = target.tokenizer
     encode = lambda p: tok.chat(list(p.messages))  # noqa: E731
     synthetic = None
@@ -207,7 +225,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": "verispec " + " ".join(sys.argv[1:]) if sys.argv and "verispec" in sys.argv[0] else "verispec bench",
         "target": f"{args.target} ({args.dtype})",
-        "draft": None if draft is None else f"{args.draft} ({draft_dtype(args)})",
+        "draft": None if draft is None else f"{args.draft} ({draft_dtype_of(args)})",
         "device": args.device,
         "prompts": f"{args.prompts}: {len(prompts)} prompts in {len({p.category for p in prompts})} categories",
         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,

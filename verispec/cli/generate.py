@@ -1,0 +1,107 @@
+"""`verispec generate PROMPT`: one request, streamed to the terminal (or one JSON object with --json)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from verispec.cli.common import fail, finite
+from verispec.cli.options import (
+    add_gamma_argument, add_model_options, add_strategy_argument, add_strategy_options, gamma_of, load_models,
+    strategy_options,
+)
+from verispec.defaults import DEFAULT_STRATEGY
+
+def add_parser(sub, default_target: str, default_draft: str) -> None:
+    gen = sub.add_parser("generate", help="generate text from a prompt, speculatively")
+    gen.add_argument("prompt", help="the prompt text ('-' reads standard input)")
+    add_model_options(gen, default_target, default_draft)
+    add_strategy_argument(gen, DEFAULT_STRATEGY)
+    add_gamma_argument(gen)
+    add_strategy_options(gen)
+    gen.add_argument("--temperature", type=finite, default=0.0, help="0 = greedy (default: %(default)s)")
+    gen.add_argument("--top-k", type=int, default=0, help="0 = off")
+    gen.add_argument("--top-p", type=finite, default=1.0, help="in (0, 1]; 1 = off")
+    gen.add_argument("--seed", type=int, default=None, help="makes sampled runs reproducible")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--no-speculate", action="store_true", help="plain decoding with the target alone (= --strategy ar)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    gen.set_defaults(run=run)
+
+
+def _params(args: argparse.Namespace):
+    from verispec.engine import GenerationParams
+    from verispec.sampling import SamplingParams
+
+    if args.prompt == "-":
+        args.prompt = sys.stdin.read()
+    if not args.prompt.strip():
+        fail("the prompt is empty")
+    gamma = gamma_of(args)
+    try:
+        sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+        return GenerationParams(max_new_tokens=args.max_new_tokens, gamma=gamma, sampling=sampling, seed=args.seed)
+    except ValueError as e:
+        fail(str(e))
+
+
+def _proposer(strategy: str, target, draft, max_len: int, options):
+    """The one place the command line builds a proposer."""
+    from verispec.strategies import make_proposer
+
+    return make_proposer(strategy, target, draft, max_len, options)
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from verispec.cache import CacheFullError
+    from verispec.engine import Generation, stream
+    from verispec.models.load import default_threads
+    from verispec.models.tokenizer import TextStream
+
+    params = _params(args)
+    strategy = "ar" if args.no_speculate else args.strategy
+    options = strategy_options(args, [strategy])
+    default_threads()
+    progress = sys.stderr.isatty()
+    target, draft = load_models(args, [strategy], progress)
+    tok = target.tokenizer
+    prompt = tok.chat(args.prompt) if args.chat else tok.encode(args.prompt)
+    params = dataclasses.replace(params, eos_ids=tok.eos_ids)
+    proposer = _proposer(strategy, target, draft, len(prompt) + params.max_new_tokens + params.gamma + 2, options)
+    text = TextStream(tok, args.stop)
+    result = Generation()
+    try:
+        for new in stream(target.model, prompt, params, proposer, result=result, stop_fn=text.stop_fn if args.stop else None):
+            delta = text.push(new)
+            if not args.json:
+                print(delta, end="", flush=True)
+    except KeyboardInterrupt:
+        result.finish_reason = "interrupted"
+        if result.metrics is not None:
+            result.metrics.finish()
+    except (ValueError, CacheFullError) as e:  # e.g. prompt + max new tokens beyond the model's context
+        if not args.json:
+            print(text.flush(), flush=True)  # keep what was already generated on screen
+        fail(str(e))
+    tail = text.flush()
+    metrics = result.metrics.to_dict() if result.metrics else {}
+    if args.json:
+        print(json.dumps({
+            "text": text.text,
+            "token_ids": result.token_ids,
+            "finish_reason": result.finish_reason,
+            "strategy": strategy,
+            "metrics": metrics,
+        }))
+    else:
+        print(tail, flush=True)
+        summary = f"[{metrics.get('new_tokens')} tokens, {metrics.get('tokens_per_s')} tok/s"
+        if proposer is not None:
+            summary += f", alpha {metrics.get('alpha')}, mean accepted length {metrics.get('mean_accepted_length')}"
+        print(summary + "]", file=sys.stderr)
+    return 130 if result.finish_reason == "interrupted" else 0

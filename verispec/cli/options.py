@@ -1,0 +1,166 @@
+"""Options shared by the commands, defined once: the models (target, draft, precisions, device), the strategy,
+the strategy-specific knobs, and loading the models they name.
+
+A strategy-specific flag given with a strategy that does not read it is refused (`--window applies to the
+lookahead strategy only`), so that no flag is silently ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from verispec.cli.common import fail, finite
+from verispec.defaults import DEFAULT_DEVICE, DEFAULT_DTYPE, default_draft_dtype, default_gamma
+from verispec.strategies import STRATEGIES, StrategyOptions, get
+
+__all__ = [
+    "DTYPE_CHOICES", "STRATEGY_FLAGS", "add_gamma_argument", "add_model_options", "add_strategy_argument",
+    "add_strategy_options", "draft_dtype_of", "gamma_of", "load_models", "strategy_help", "strategy_options",
+]
+
+DTYPE_CHOICES = ["bfloat16", "float32", "int8", "int4", "w8a8", "w4a8", "w4a8-4bit"]
+
+# flag -> (the StrategyOptions field it sets, the strategies that read that field)
+STRATEGY_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "--ngram-max": ("ngram_max", ("ngram", "draft+ngram")),
+    "--ngram-min": ("ngram_min", ("ngram", "draft+ngram")),
+    "--layers": ("layerskip_layers", ("layerskip",)),
+    "--draft-confidence": ("draft_confidence", ("draft", "adaptive", "draft+ngram")),
+    "--window": ("lookahead_window", ("lookahead",)),
+    "--lookahead-ngram": ("lookahead_ngram", ("lookahead",)),
+    "--lookahead-candidates": ("lookahead_candidates", ("lookahead",)),
+}
+
+
+def strategy_help() -> str:
+    return "; ".join(f"{s.name} ({s.help})" for s in STRATEGIES.values())
+
+
+def _strategy(name: str) -> str:
+    try:
+        return get(name).name
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_strategy_argument(p: argparse.ArgumentParser, default: str) -> None:
+    """`--strategy NAME`, one of verispec.strategies.STRATEGIES (all listed in --help)."""
+    p.add_argument("--strategy", type=_strategy, default=default, metavar="{" + ",".join(STRATEGIES) + "}",
+                   help=f"drafting method: {strategy_help()} (default: %(default)s)")
+
+
+def add_gamma_argument(p: argparse.ArgumentParser) -> None:
+    """`--gamma N`, tokens drafted per round; None until `gamma_of` fills in the hardware default."""
+    p.add_argument("--gamma", type=int, default=None,
+                   help="tokens drafted per round (default: 8 for a bfloat16 or float32 target on a CPU, whose "
+                        "verification of 9 tokens costs ~1.3x a step; else 4)")
+
+
+def gamma_of(args: argparse.Namespace) -> int:
+    """--gamma, else the default for this target precision and device (verispec.defaults)."""
+    return args.gamma if args.gamma is not None else default_gamma(args.dtype, args.device)
+
+
+def add_model_options(p: argparse.ArgumentParser, default_target: str, default_draft: str | None = None,
+                      dtypes: list[str] = DTYPE_CHOICES, device: bool = True) -> None:
+    """--target and --dtype; with a default draft also --draft, --draft-dtype and --draft-vocab; --device."""
+    p.add_argument("--target", default=default_target, help="HF directory, .gguf file or packaged name (default: %(default)s)")
+    if default_draft is not None:
+        p.add_argument("--draft", default=default_draft, help="draft model, same forms (default: %(default)s)")
+    p.add_argument("--dtype", choices=dtypes, default=DEFAULT_DTYPE,
+                   help="the target's precision (int8/int4: weight-only quantized; w8a8: int8 weights and per-token "
+                        "int8 activations; w4a8: 4-bit weights (8 where the GGUF had more) and int8 activations on "
+                        "verispec's AVX-512 VNNI kernel, fastest on a CPU); output is lossless relative to the "
+                        "target as run (default: %(default)s)" if len(dtypes) > 2 else "the target's precision (default: %(default)s)")
+    if default_draft is not None:
+        p.add_argument("--draft-dtype", choices=DTYPE_CHOICES, default=None,
+                       help="the draft's precision; it never changes the output distribution (default on the CPU: "
+                            "int4 beside a bfloat16, int8, int4 or w8a8 target, w4a8-4bit beside a w4a8 one, else "
+                            "the target's)")
+        p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                       help="the draft proposes only ids < N (its LM head shrinks; ids are roughly in frequency "
+                            "order); lossless, faster drafting (default: the whole vocabulary)")
+    if device:
+        p.add_argument("--device", default=DEFAULT_DEVICE, help="cpu, cuda or cuda:N (default: %(default)s)")
+
+
+def add_strategy_options(p: argparse.ArgumentParser) -> None:
+    """The knobs of particular strategies; each is refused with a strategy that does not read it."""
+    d = StrategyOptions()
+    p.add_argument("--ngram-max", type=int, default=None,
+                   help=f"ngram, draft+ngram: longest suffix n-gram matched (default: {d.ngram_max})")
+    p.add_argument("--ngram-min", type=int, default=None,
+                   help="ngram, draft+ngram: shortest suffix n-gram matched; draft+ngram uses the n-gram proposal "
+                        "from this length on, else the draft model (default: 2 for ngram, 3 for draft+ngram)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="layerskip: draft with the target's first LAYERS blocks (default: the saved "
+                        "`verispec calibrate-layerskip` choice for the target, else half its layers)")
+    p.add_argument("--draft-confidence", type=finite, default=None,
+                   help="draft, adaptive, draft+ngram: stop drafting after a token the draft gave less than this "
+                        "probability (default: 0, 0.3 for adaptive)")
+    p.add_argument("--window", type=int, default=None,
+                   help=f"lookahead: Jacobi window width W (default: {d.lookahead_window})")
+    p.add_argument("--lookahead-ngram", type=int, default=None,
+                   help=f"lookahead: n-gram size N, window levels + 1 (default: {d.lookahead_ngram})")
+    p.add_argument("--lookahead-candidates", type=int, default=None,
+                   help=f"lookahead: pool n-grams kept per first token, G (default: {d.lookahead_candidates})")
+
+
+def _names(strategies: tuple[str, ...] | list[str]) -> str:
+    names = list(strategies)
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def strategy_options(args: argparse.Namespace, strategies: list[str]) -> StrategyOptions:
+    """The StrategyOptions the flags ask for, for a run of `strategies`; fail on a flag none of them reads or on
+    a value out of range. Flags not given keep StrategyOptions' defaults."""
+    given = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in STRATEGY_FLAGS}
+    given = {flag: v for flag, v in given.items() if v is not None}
+    for flag in given:
+        readers = STRATEGY_FLAGS[flag][1]
+        if not any(s in readers for s in strategies):
+            kind = "strategy" if len(readers) == 1 else "strategies"
+            chosen = ("the strategy is " if len(strategies) == 1 else "the strategies are ") + ", ".join(strategies)
+            fail(f"{flag} applies to the {_names(readers)} {kind} only ({chosen})")
+    options = StrategyOptions(**{STRATEGY_FLAGS[flag][0]: v for flag, v in given.items()})
+    if options.ngram_max < 1 or (options.ngram_min is not None and not 1 <= options.ngram_min <= options.ngram_max):
+        fail(f"need 1 <= --ngram-min <= --ngram-max, got {options.ngram_min} and {options.ngram_max}")
+    if options.layerskip_layers is not None and options.layerskip_layers < 1:
+        fail(f"--layers must be at least 1, got {options.layerskip_layers}")
+    if options.lookahead_window < 1 or options.lookahead_ngram < 2 or options.lookahead_candidates < 1:
+        fail("need --window >= 1, --lookahead-ngram >= 2 and --lookahead-candidates >= 1")
+    if options.draft_confidence is not None and not 0 <= options.draft_confidence <= 1:
+        fail(f"--draft-confidence must be in [0, 1], got {options.draft_confidence}")
+    return options
+
+
+def draft_dtype_of(args: argparse.Namespace) -> str:
+    """--draft-dtype, else the default beside this target precision and device (verispec.defaults)."""
+    return args.draft_dtype or default_draft_dtype(args.dtype, args.device)
+
+
+def load_models(args: argparse.Namespace, strategies: list[str], progress: bool):
+    """Load the target, and the draft if any strategy needs one; check they form a pair."""
+    from verispec.models.load import check_pair, load
+
+    try:
+        need_draft = any(get(s).needs_draft for s in strategies)
+    except ValueError as e:
+        fail(str(e))
+    if not (args.device == "cpu" or args.device.startswith("cuda")):
+        fail(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
+    if args.draft_vocab is not None and args.draft_vocab < 1:
+        fail(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
+    target = load(args.target, dtype=args.dtype, device=args.device, progress=progress)
+    draft = None
+    if need_draft:
+        draft = load(args.draft, dtype=draft_dtype_of(args), device=args.device, progress=progress)
+        check_pair(target, draft)
+        if args.draft_vocab is not None:
+            from verispec.models.quant import truncate_head
+
+            try:
+                truncate_head(draft.model, args.draft_vocab)
+            except ValueError as e:
+                fail(str(e))
+    return target, draft
