@@ -11,6 +11,8 @@ import torch
 from tests.conftest import tiny_config
 from tests.tiny_hf import make_tiny_hf_dir
 from verispec.engine import GenerationParams, generate
+from verispec.models import kernels
+from verispec.models.errors import ModelError
 from verispec.models.hf import HFCausalLM
 from verispec.models.llama import LlamaModel
 from verispec.models.load import load
@@ -108,6 +110,8 @@ def test_quantized_target_speculative_equals_its_own_plain(kind, tmp_path):
     """A quantized target is a model of its own: speculation reproduces *its* greedy output, and the cached
     quantized weights load back to the same model. (Peaky weights, std 1.5: with bf16 activations a 5-token
     forward rounds differently from a 1-token one, which flips near-ties of flatter random models.)"""
+    if kind == "w8a8" and kernels.w8a8_refusal():
+        pytest.skip("w8a8 is refused on a CPU without AVX-512 VNNI (test_w8a8_is_refused_without_vnni)")
     target_dir = make_tiny_hf_dir(tmp_path / "t", seed=0, std=1.5)
     draft_dir = make_tiny_hf_dir(tmp_path / "d", seed=1, noise_from=target_dir)
     first = load(str(target_dir), dtype=kind, progress=False)
@@ -128,7 +132,10 @@ def test_w8a8_rows_do_not_depend_on_the_rest_of_the_batch():
     quantized the same alone or beside others (later drafts must not change an earlier position's logits).
     Rows of very different ranges make a per-batch scale show. What is left is float rounding: fbgemm's
     epilogue rounds differently with the row count (33 of 200 random 5-row batches differed in the last bits),
-    so w8a8 is close, not bit-exact; this batch happens to match to the bit."""
+    so w8a8 is close, not bit-exact; this batch happens to match to the bit. Without AVX-512 VNNI, fbgemm sums
+    u8 x s8 pairs into saturating int16 and rows came out 17-22% off: w8a8 is refused there, and this skips."""
+    if kernels.w8a8_refusal():
+        pytest.skip("w8a8 needs AVX-512 VNNI (fbgemm's int16 sums saturate without it); refused on this CPU")
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 48, bias=True)
     q = RowInt8Linear(layer)
@@ -140,6 +147,22 @@ def test_w8a8_rows_do_not_depend_on_the_rest_of_the_batch():
     ref = layer(x)
     rel = (together - ref).norm(dim=-1) / ref.norm(dim=-1)
     assert rel.max() < 0.03, rel  # 8-bit weights and 8-bit activations: ~1% error per row
+
+
+def test_w8a8_is_refused_without_vnni(tmp_path, monkeypatch):
+    """A CPU without AVX-512 VNNI (an AMD Zen 3, say) gets one line saying why and what to use instead, before
+    any conversion starts; a w8a8 draft is refused alike, as the CLI loads drafts through load() too. Where VNNI
+    is there, w8a8 loads."""
+    path = make_tiny_hf_dir(tmp_path / "m", seed=0)
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw"}))
+    with pytest.raises(ModelError) as refused:
+        load(str(path), dtype="w8a8", progress=False)
+    message = str(refused.value)
+    assert "AVX-512 VNNI" in message and "avx512_vnni" in message and "w4a8" in message and "\n" not in message
+    assert not (path / cache_file("w8a8")).exists()  # refused before quantizing
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "avx512_vnni"}))
+    assert kernels.w8a8_refusal() is None
+    assert any(isinstance(m, RowInt8Linear) for m in load(str(path), dtype="w8a8", progress=False).model.modules())
 
 
 def test_w8a8_without_row_normalisation_would_depend_on_the_batch():

@@ -104,6 +104,12 @@ def load(spec: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu
         raise ModelError("--device cuda was asked for, but this PyTorch build sees no CUDA device")
     if quantized in ("int4", "w8a8", "w4a8", "w4a8-4bit") and device != "cpu":
         raise ModelError(f"{quantized} weights use CPU kernels: run them with --device cpu")
+    if quantized == "w8a8":
+        from verispec.models.kernels import w8a8_refusal
+
+        refusal = w8a8_refusal()
+        if refusal:
+            raise ModelError(refusal)
     if quantized and quantized.startswith("w4a8"):  # build (or find) the kernel before minutes of conversion
         from verispec.models.kernels import KernelError, w4a8
 

@@ -19,6 +19,9 @@ import torch
 
 NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
 CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-mf16c"]
+# fbgemm's u8 x s8 GEMM (w8a8) is exact only with VNNI: its AVX2 and plain AVX-512 paths sum pairs of products
+# into saturating int16 (vpmaddubsw), which put rows 17-22% off on an AVX2 machine
+W8A8_FLAGS = ("avx512_vnni",)
 
 
 class KernelError(RuntimeError):
@@ -40,6 +43,15 @@ def cpu_flags() -> frozenset[str]:
 def missing_cpu_flags() -> list[str]:
     flags = cpu_flags()
     return [f for f in NEEDED_FLAGS if f not in flags]
+
+
+def w8a8_refusal() -> str | None:
+    """Why `--dtype w8a8` would give wrong results on this CPU, as one line; None where it is exact."""
+    missing = [f for f in W8A8_FLAGS if f not in cpu_flags()]
+    if not missing:
+        return None
+    return (f"w8a8 needs a CPU with AVX-512 VNNI; this one lacks {', '.join(missing)}, and there PyTorch's int8 "
+            "kernel (fbgemm) saturates int16 sums and puts outputs ~20% off: use --dtype w4a8, int8 or bfloat16")
 
 
 @functools.cache
