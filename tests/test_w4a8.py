@@ -1,4 +1,6 @@
-"""verispec's 4-bit-weight x int8-activation CPU kernel (verispec/models/kernels/w4a8.cpp)."""
+"""verispec's 4-bit-weight x int8-activation CPU kernel (verispec/models/kernels/w4a8.cpp), on each of its builds
+(AVX-512 VNNI, AVX2) that this machine can run: the tests that take an `isa` run once per build, and skip, with
+the reason, the builds this CPU lacks (an AVX-512 machine runs both, so the AVX2 path is tested on any x86 CI)."""
 
 from __future__ import annotations
 
@@ -7,15 +9,35 @@ import torch
 
 from tests.tiny_hf import make_tiny_hf_dir
 from verispec.engine import GenerationParams, generate
+from verispec.models import kernels
+from verispec.models.errors import ModelError
 from verispec.models.kernels import KernelError, w4a8
 from verispec.models.load import load
 from verispec.models.quant import W4A8Linear, affine_groups, cache_file, on_4bit_grid
 from verispec.proposers.draft_model import DraftModelProposer
 
-try:
-    w4a8()
-except KernelError as e:  # no AVX-512 VNNI, or no compiler: the dtype refuses with this message
-    pytest.skip(f"w4a8 kernel unavailable: {e}", allow_module_level=True)
+if not kernels.available_isas():  # neither AVX-512 VNNI nor AVX2: the dtype refuses (test_refusals_name_what_to_use)
+    pytest.skip(f"no w4a8 kernel build runs on this CPU (lacks {', '.join(kernels.missing_cpu_flags('avx2'))})",
+                allow_module_level=True)
+
+
+def _build_or_skip(isa: str):
+    missing = kernels.missing_cpu_flags(isa)
+    if missing:
+        pytest.skip(f"this CPU cannot run the {isa} build (lacks {', '.join(missing)})")
+    try:
+        return w4a8(isa)
+    except KernelError as e:  # no compiler: the dtype refuses with this message
+        pytest.skip(f"w4a8 kernel unavailable: {e}")
+
+
+@pytest.fixture(params=kernels.ISAS)
+def isa(request, monkeypatch) -> str:
+    """Each kernel build in turn, chosen for W4A8Linear through $VERISPEC_KERNEL_ISA as a user would force it."""
+    assert _build_or_skip(request.param).isa() == request.param
+    monkeypatch.setenv(kernels.ISA_ENV, request.param)
+    assert w4a8().isa() == request.param
+    return request.param
 
 
 def dequantized(layer: torch.nn.Linear, bits: int) -> torch.Tensor:
@@ -27,7 +49,7 @@ def dequantized(layer: torch.nn.Linear, bits: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])
-def test_kernel_matches_its_dequantized_weights_and_quantized_rows(bits, rows):
+def test_kernel_matches_its_dequantized_weights_and_quantized_rows(isa, bits, rows):
     """Against a float64 reference with the same quantization (weights per group, activations per row): the only
     difference left is float32 accumulation order."""
     torch.manual_seed(rows)
@@ -43,7 +65,7 @@ def test_kernel_matches_its_dequantized_weights_and_quantized_rows(bits, rows):
     assert rel < (0.08 if bits == 4 else 0.01), rel
 
 
-def test_padding_for_shapes_off_the_kernel_tiles():
+def test_padding_for_shapes_off_the_kernel_tiles(isa):
     torch.manual_seed(0)
     layer = torch.nn.Linear(40, 25, bias=False)  # neither a multiple of 32 inputs nor of 16 outputs
     q = W4A8Linear(layer, bits=8)
@@ -53,7 +75,7 @@ def test_padding_for_shapes_off_the_kernel_tiles():
     assert (y - layer(x)).norm() / layer(x).norm() < 0.01
 
 
-def test_rows_do_not_depend_on_the_rest_of_the_batch():
+def test_rows_do_not_depend_on_the_rest_of_the_batch(isa):
     """Bit for bit: a token verified beside drafts gets the logits it gets alone, so greedy speculation equals
     plain decoding. Rows of very different ranges would expose a scale shared across the batch."""
     torch.manual_seed(0)
@@ -86,7 +108,7 @@ def test_a_coarser_grid_is_kept_not_requantized():
 
 
 @pytest.mark.parametrize("kind", ["w4a8", "w4a8-4bit"])
-def test_w4a8_target_speculative_equals_its_own_plain(kind, tmp_path):
+def test_w4a8_target_speculative_equals_its_own_plain(isa, kind, tmp_path):
     """A w4a8 target is a model of its own; speculation reproduces its greedy output token for token, and the
     cached weights (8-bit and 4-bit matrices mixed) load back to the same model."""
     target_dir = make_tiny_hf_dir(tmp_path / "t", seed=0, std=1.5)
@@ -107,3 +129,89 @@ def test_w4a8_target_speculative_equals_its_own_plain(kind, tmp_path):
             assert spec.token_ids == plain.token_ids
         assert spec.metrics.accepted > 0
 
+
+
+# ---- the CPU-feature matrix: every build against float64, row by row, and against each other -----------------
+def _extreme_layer(bits: int, n: int = 48, k: int = 256) -> torch.nn.Linear:
+    """Weights whose codes are mostly the top one (15 or 255) and activations that quantize to +-127: the largest
+    sums of products an int16 pair can see (an unsigned x signed pair sum saturates there with 8-bit codes)."""
+    layer = torch.nn.Linear(k, n, bias=False)
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+        layer.weight[:, ::32] = 0.0  # each group spans 0..1: every other weight is the top code
+        layer.weight[::3] *= -1  # and some columns are all-negative
+    return layer
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_feature_matrix_each_build_against_float64(isa, bits):
+    """Per build: the exact integer dot products (float64 of the same quantized operands, within float32
+    accumulation of 8 groups) for random rows and for the sums that would saturate int16, and each row
+    bit-identical whatever rows share its call (1..20 rows: every remainder of the builds' row blocks)."""
+    torch.manual_seed(bits)
+    for layer, x in ((torch.nn.Linear(256, 48, bias=True), torch.randn(20, 256) * torch.logspace(-3, 3, 20)[:, None]),
+                     (_extreme_layer(bits), torch.sign(torch.randn(20, 256)) * torch.logspace(-3, 3, 20)[:, None])):
+        q = W4A8Linear(layer, bits=bits)
+        y = q(x)
+        sx = x.abs().amax(-1, keepdim=True) / 127
+        xq = torch.round(x * (1 / sx))
+        ref = (xq.double() @ dequantized(layer, bits).double().T) * sx.double()
+        if layer.bias is not None:
+            ref += layer.bias.double()
+        assert ((y.double() - ref).abs() <= 1e-5 * ref.abs().amax(-1, keepdim=True)).all()
+        for rows in range(1, 21):
+            assert torch.equal(q(x[:rows]), y[:rows]), rows
+        assert torch.equal(torch.cat([q(x[i : i + 1]) for i in range(20)]), y)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_builds_are_bit_identical(bits):
+    """Integer dot products are exact and both builds run the same float epilogue in the same order, so a model
+    gives the same bits on an AVX2 machine as on an AVX-512 one (here both builds run on one CPU)."""
+    builds = {isa: _build_or_skip(isa) for isa in kernels.ISAS}
+    gen = torch.Generator().manual_seed(bits)
+    for n, k in ((80, 192), (48, 256)):
+        layer = torch.nn.Linear(k, n, bias=True)
+        q = W4A8Linear(layer if n == 80 else _extreme_layer(bits, n, k), bits=bits)
+        bias = q.bias if q.bias is not None else torch.empty(0)
+        for rows in range(1, 21):
+            x = torch.randn(rows, k, generator=gen) * torch.logspace(-2, 2, rows)[:, None]
+            ys = [b.w4a8_mm(x, q.weight, q.scales, q.offsets, bias) for b in builds.values()]
+            assert all(torch.equal(y, ys[0]) for y in ys[1:]), (n, rows)
+
+
+def test_build_is_picked_from_the_cpu_and_can_be_forced(monkeypatch):
+    """The best build this CPU runs, unless $VERISPEC_KERNEL_ISA names one; a build the CPU lacks is refused with
+    the missing flags, and a CPU without AVX-512 gets the AVX2 build (faked flags: a Zen 3's)."""
+    assert not any("avx512" in f for f in kernels.ISA_CFLAGS["avx2"])  # an AVX2 machine compiles no AVX-512 code
+    monkeypatch.delenv(kernels.ISA_ENV, raising=False)
+    assert kernels.kernel_isa() == kernels.available_isas()[0]
+    monkeypatch.setenv(kernels.ISA_ENV, "avx3")
+    with pytest.raises(KernelError, match="avx512, avx2"):
+        kernels.kernel_isa()
+    zen3 = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"})
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: zen3)
+    monkeypatch.setenv(kernels.ISA_ENV, "avx512")
+    with pytest.raises(KernelError, match="avx512_vnni"):
+        kernels.kernel_isa()
+    with pytest.raises(KernelError, match="avx512_vnni"):
+        w4a8("avx512")
+    monkeypatch.setenv(kernels.ISA_ENV, "auto")
+    assert kernels.available_isas() == ["avx2"] and kernels.kernel_isa() == "avx2"
+
+
+def test_refusals_name_what_to_use(tmp_path, monkeypatch):
+    """A CPU with AVX2 loads w4a8 (on the AVX2 build) where w8a8 is refused; one with neither gets one line that
+    recommends what runs there, not w8a8."""
+    path = make_tiny_hf_dir(tmp_path / "m", seed=0)
+    monkeypatch.delenv(kernels.ISA_ENV, raising=False)
+    if "avx2" in kernels.available_isas():
+        _build_or_skip("avx2")
+        monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx", "avx2", "fma", "f16c"}))
+        assert kernels.kernel_isa() == "avx2"
+        assert any(isinstance(m, W4A8Linear) for m in load(str(path), dtype="w4a8-4bit", progress=False).model.modules())
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"sse4_2", "avx"}))
+    with pytest.raises(ModelError) as refused:
+        load(str(path), dtype="w4a8", progress=False)
+    message = str(refused.value)
+    assert "AVX2" in message and "w8a8" not in message and "\n" not in message

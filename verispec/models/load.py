@@ -111,10 +111,10 @@ def load(spec: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu
         if refusal:
             raise ModelError(refusal)
     if quantized and quantized.startswith("w4a8"):  # build (or find) the kernel before minutes of conversion
-        from verispec.models.kernels import KernelError, w4a8
+        from verispec.models.kernels import KernelError, kernel_isa, w4a8
 
         try:
-            w4a8()
+            w4a8(kernel_isa())
         except KernelError as e:
             raise ModelError(str(e)) from e
     if spec.startswith(RANDOM_PREFIX):

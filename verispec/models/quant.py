@@ -157,11 +157,13 @@ def grid_holds(w: Tensor, q: Tensor, s: Tensor, o: Tensor, *, group: int = 32) -
 
 
 class W4A8Linear(nn.Module):
-    """4-bit weights (groups of 32, w = s * q + o) times per-row int8 activations, on verispec's AVX-512 VNNI
-    kernel (kernels/w4a8.cpp): it reads 0.63 bytes a weight at 4 bits (bf16 reads 2), and a 5-token verification costs
-    little more than a 1-token step. `bits=None` keeps 8 bits for a matrix that a 4-bit grid would coarsen
-    (GGUF's Q6_K tensors), so a target converted from Q4_K/Q6_K keeps its precision. A row's output does not
-    depend on the other rows in the forward: greedy speculation equals plain decoding bit for bit."""
+    """4-bit weights (groups of 32, w = s * q + o) times per-row int8 activations, on verispec's kernel
+    (kernels/w4a8.cpp: an AVX-512 VNNI build and a bit-identical AVX2 one, picked from the CPU's flags). It
+    reads 0.63 bytes a weight at 4 bits (bf16 reads 2), and with VNNI a 5-token verification costs little more
+    than a 1-token step (AVX2 takes about twice the instructions per product, so there its many-row matmuls are
+    slower). `bits=None` keeps 8 bits for a matrix that a 4-bit grid would coarsen (GGUF's Q6_K tensors), so a
+    target converted from Q4_K/Q6_K keeps its precision. A row's output does not depend on the other rows in the
+    forward: greedy speculation equals plain decoding bit for bit."""
 
     def __init__(self, linear: nn.Linear, bits: int | None = None) -> None:
         super().__init__()

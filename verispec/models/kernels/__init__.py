@@ -3,7 +3,11 @@
 PyTorch ships no 4-bit-weight x 8-bit-activation matmul for x86, and that is the kernel a CPU decoding step
 needs: it is bound by reading weights, and verification must cost about what a 1-token step costs. The
 source is compiled with torch's extension builder (g++, ninja) into the verispec cache, keyed by the source,
-torch and Python versions, so it builds once per machine.
+the instruction set, torch and Python versions, so it builds once per machine.
+
+It has two builds, picked from the CPU's flags: AVX-512 VNNI, and AVX2 + FMA + F16C (most x86 CPUs without
+AVX-512: AMD Zen 2/3, Intel's consumer chips). Their outputs are bit-identical. `VERISPEC_KERNEL_ISA=avx2`
+forces the AVX2 build where both would run, so it can be tested and timed on an AVX-512 machine.
 """
 
 from __future__ import annotations
@@ -17,8 +21,19 @@ from types import ModuleType
 
 import torch
 
-NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
-CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-mf16c"]
+ISA_ENV = "VERISPEC_KERNEL_ISA"
+# best first; an AVX2 machine never compiles (or runs) the AVX-512 build
+ISA_FLAGS = {
+    "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma", "f16c"),
+    "avx2": ("avx2", "fma", "f16c"),
+}
+ISA_CFLAGS = {
+    "avx512": ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-mf16c"],
+    "avx2": ["-O3", "-mavx2", "-mfma", "-mf16c"],
+}
+ISAS = tuple(ISA_FLAGS)
+NEEDED_FLAGS = ISA_FLAGS["avx512"]  # the fastest build's
+CFLAGS = ISA_CFLAGS["avx512"]
 # fbgemm's u8 x s8 GEMM (w8a8) is exact only with VNNI: its AVX2 and plain AVX-512 paths sum pairs of products
 # into saturating int16 (vpmaddubsw), which put rows 17-22% off on an AVX2 machine
 W8A8_FLAGS = ("avx512_vnni",)
@@ -40,9 +55,14 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def missing_cpu_flags() -> list[str]:
+def missing_cpu_flags(isa: str = "avx512") -> list[str]:
     flags = cpu_flags()
-    return [f for f in NEEDED_FLAGS if f not in flags]
+    return [f for f in ISA_FLAGS[isa] if f not in flags]
+
+
+def available_isas() -> list[str]:
+    """The kernel builds this CPU can run, best first."""
+    return [isa for isa in ISAS if not missing_cpu_flags(isa)]
 
 
 def w8a8_refusal() -> str | None:
@@ -54,20 +74,53 @@ def w8a8_refusal() -> str | None:
             "kernel (fbgemm) saturates int16 sums and puts outputs ~20% off: use --dtype w4a8, int8 or bfloat16")
 
 
-@functools.cache
-def w4a8() -> ModuleType:
-    """The compiled kernel module (`w4a8_mm`); raises KernelError with what to do instead when it can't be."""
-    missing = missing_cpu_flags()
+def kernel_isa() -> str:
+    """The build to run: `$VERISPEC_KERNEL_ISA` (avx512 | avx2) when set, else the best this CPU can run."""
+    want = os.environ.get(ISA_ENV, "").strip().lower()
+    if want and want != "auto":
+        if want not in ISA_FLAGS:
+            raise KernelError(f"{ISA_ENV}={want!r}: choose one of {', '.join(ISAS)} (or auto)")
+        missing = missing_cpu_flags(want)
+        if missing:
+            raise KernelError(f"{ISA_ENV}={want} but this CPU lacks {', '.join(missing)}")
+        return want
+    isas = available_isas()
+    if not isas:
+        raise KernelError("w4a8 needs an x86 CPU with AVX-512 VNNI, or AVX2 with FMA and F16C; this one lacks "
+                          f"{', '.join(missing_cpu_flags('avx2'))}: use --dtype int8 or bfloat16")
+    return isas[0]
+
+
+def w4a8(isa: str | None = None) -> ModuleType:
+    """The compiled kernel module (`w4a8_mm`, `isa`) for `isa` (default: kernel_isa()); raises KernelError with
+    what to do instead when it can't be."""
+    if isa is None:  # the hot path (every matmul): one look-up
+        want = os.environ.get(ISA_ENV)
+        module = _chosen.get(want)
+        if module is None:
+            module = _chosen[want] = _build(kernel_isa())
+        return module
+    if isa not in ISA_FLAGS:
+        raise KernelError(f"unknown kernel build {isa!r}; choose one of {', '.join(ISAS)}")
+    missing = missing_cpu_flags(isa)
     if missing:
-        raise KernelError(f"w4a8 needs a CPU with AVX-512 VNNI; this one lacks {', '.join(missing)}: "
-                          "use --dtype w8a8, int8 or bfloat16")
+        raise KernelError(f"the {isa} build of the w4a8 kernel needs {', '.join(missing)}, which this CPU lacks")
+    return _build(isa)
+
+
+_chosen: dict[str | None, ModuleType] = {}  # w4a8()'s module for each value of $VERISPEC_KERNEL_ISA seen
+
+
+@functools.cache
+def _build(isa: str) -> ModuleType:
     from torch.utils import cpp_extension
 
     from verispec.models.packaged import cache_dir
 
+    cflags = ISA_CFLAGS[isa]
     src = Path(__file__).with_name("w4a8.cpp")
-    key = hashlib.sha256(src.read_bytes() + " ".join([torch.__version__, sys.version, *CFLAGS]).encode()).hexdigest()[:16]
-    build = cache_dir() / "kernels" / f"w4a8-{key}"
+    key = hashlib.sha256(src.read_bytes() + " ".join([torch.__version__, sys.version, *cflags]).encode()).hexdigest()[:16]
+    build = cache_dir() / "kernels" / f"w4a8-{isa}-{key}"
     build.mkdir(parents=True, exist_ok=True)
     try:  # the `ninja` wheel puts its binary beside the interpreter, which is not on PATH unless the venv is active
         import ninja
@@ -76,10 +129,10 @@ def w4a8() -> ModuleType:
     except ImportError:
         pass
     if not any(build.glob("*.so")):
-        print("compiling verispec's w4a8 CPU kernel (once per machine, about 20 s)...", file=sys.stderr)
+        print(f"compiling verispec's w4a8 CPU kernel for {isa} (once per machine, about 20 s)...", file=sys.stderr)
     try:
-        return cpp_extension.load(name=f"verispec_w4a8_{key}", sources=[str(src)], extra_cflags=CFLAGS,
+        return cpp_extension.load(name=f"verispec_w4a8_{isa}_{key}", sources=[str(src)], extra_cflags=cflags,
                                   build_directory=str(build), verbose=False)
     except (RuntimeError, OSError, ImportError) as e:  # no compiler, no ninja, a failed build
         raise KernelError(f"cannot build the w4a8 kernel in {build} ({e}); it needs g++ and ninja "
-                          "(pip install ninja): use --dtype w8a8, int8 or bfloat16 meanwhile") from e
+                          "(pip install ninja): use --dtype int8 or bfloat16 meanwhile") from e

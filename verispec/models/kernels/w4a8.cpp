@@ -1,12 +1,21 @@
-// 4-bit weights x 8-bit activations on AVX-512 VNNI: the matmul that a 1-token decoding step and a few-token
-// verification spend their time in on a CPU. That matmul is bound by reading weights, so weights are 4 bits
-// (groups of 32 along the input, w = s * q + o, q in 0..15, fp16 s and o), and activations are quantized per
-// row to int8 so that VNNI's u8 x s8 dot products do the multiply-adds.
+// 4-bit weights x 8-bit activations: the matmul that a 1-token decoding step and a few-token verification spend
+// their time in on a CPU. That matmul is bound by reading weights, so weights are 4 bits (groups of 32 along the
+// input, w = s * q + o, q in 0..15, fp16 s and o), and activations are quantized per row to int8 so that integer
+// u8 x s8 dot products do the multiply-adds.
 //
-// Layout: 16 output columns share a 512-bit vector, one int32 lane each, and each lane's 4 bytes are 4
+// Layout: 16 output columns share a 64-byte block, one 4-byte lane each, and each lane's 4 bytes are 4
 // consecutive inputs. With 4 bits a block of 16 columns x 8 inputs is 64 bytes: byte 4 * lane + j holds input
 // j in its low nibble and input 4 + j in its high one. With 8 bits (for weights that a 4-bit grid would
 // coarsen, q in 0..255) a block is 16 columns x 4 inputs. Scales and offsets are [N / 16, K / 32, 16].
+//
+// One source, two builds (kernels/__init__.py picks one from the CPU's flags):
+// - AVX-512 VNNI (-mavx512vnni): a 512-bit vector is a block; vpdpbusd does 4 u8 x s8 products per lane.
+// - AVX2 + FMA + F16C (no AVX-512 anywhere in that build): a block is two 256-bit halves of 8 columns;
+//   vpmaddubsw sums u8 x s8 pairs into int16, which saturates, so only 4-bit codes (0..15) go through it: a
+//   pair is at most 2 * 15 * 128 = 3840 and a group adds 8 of them per int16, 30720 < 32767. 8-bit codes are
+//   split into their two nibbles, dot = 16 * dot(high) + dot(low), each exact the same way.
+// Both compute each group's exact integer dot product, and then the same float32 epilogue in the same order
+// (two FMAs a group, one at the end), lane by lane: their outputs are bit-identical.
 //
 // Every row is computed by the same instruction sequence whatever the other rows are, so a token's output
 // does not depend on how many tokens share the forward (exact greedy speculation needs that).
@@ -14,13 +23,21 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 namespace {
 
 typedef int32_t int32_u __attribute__((may_alias, aligned(1)));  // an unaligned 4-byte load that may alias int8s
 constexpr int kPrefetch = 8192;  // bytes ahead of the weights being read: without it, ~80% of the bandwidth reached
+
+inline int32_t x4(const int8_t* x) { return *reinterpret_cast<const int32_u*>(x); }
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr const char* kIsa = "avx512";
+constexpr int kRows = 8;  // rows per pass over a weight block: 8 x (int + float) accumulators fit the 32 registers
 
 template <int R, int BITS>
 void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t* xq, const float* xsum,
@@ -43,12 +60,12 @@ void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t*
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
         for (int r = 0; r < R; ++r) {  // 4 activation bytes broadcast to every lane, folded into the dot product
           const int8_t* x = xq + r * K + g * 32 + t * 8;
-          dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(*reinterpret_cast<const int32_u*>(x)));
-          dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(*reinterpret_cast<const int32_u*>(x + 4)));
+          dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(x4(x)));
+          dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(x4(x + 4)));
         }
       } else {
         for (int r = 0; r < R; ++r)
-          dot[r] = _mm512_dpbusd_epi32(dot[r], v, _mm512_set1_epi32(*reinterpret_cast<const int32_u*>(xq + r * K + g * 32 + t * 4)));
+          dot[r] = _mm512_dpbusd_epi32(dot[r], v, _mm512_set1_epi32(x4(xq + r * K + g * 32 + t * 4)));
       }
     }
     const __m512 sv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + g * 16)));
@@ -62,12 +79,77 @@ void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t*
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * ldy, _mm512_fmadd_ps(acc[r], _mm512_set1_ps(sx[r]), b));
 }
 
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+constexpr const char* kIsa = "avx2";
+#ifndef KROWS_AVX2
+#define KROWS_AVX2 6
+#endif
+constexpr int kRows = KROWS_AVX2;  // rows per pass: 6 x 2 int16 sums + 4 = the 16 registers (8-bit codes)
+
+template <int R, int BITS>
+void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t* xq, const float* xsum,
+           const float* sx, const float* bias, int64_t K, float* y, int64_t ldy) {
+  const int64_t G = K / 32;
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    constexpr int kGroupBytes = 16 * 32 * BITS / 8;
+    const uint8_t* wg = w + g * kGroupBytes;
+    for (int t = 0; t < kGroupBytes; t += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(wg + kPrefetch + t), _MM_HINT_T0);
+    const int8_t* xg = xq + g * 32;
+    for (int h = 0; h < 2; ++h) {  // a half is 8 columns; the second half's bytes are in L1 by then
+      // int16 sums of u8 x s8 pairs; with 8 bits, lo holds the low nibbles' and hi the high nibbles'
+      __m256i lo16[R], hi16[R];
+      for (int r = 0; r < R; ++r) lo16[r] = hi16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+      for (int t = 0; t < kGroupBytes / 64; ++t) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + t * 64 + h * 32));
+        const __m256i lo = _mm256_and_si256(v, nib);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+        for (int r = 0; r < R; ++r) {
+          if constexpr (BITS == 4) {  // low nibbles: inputs j, high nibbles: inputs 4 + j; one int16 sum for both
+            const int8_t* x = xg + r * K + t * 8;
+            lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4(x))));
+            lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4(x + 4))));
+          } else {  // both nibbles of a byte weigh the same input
+            const __m256i xa = _mm256_set1_epi32(x4(xg + r * K + t * 4));
+            lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(lo, xa));
+            hi16[r] = _mm256_add_epi16(hi16[r], _mm256_maddubs_epi16(hi, xa));
+          }
+        }
+      }
+      const __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g * 16 + h * 8)));
+      const __m256 ov = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + g * 16 + h * 8)));
+      for (int r = 0; r < R; ++r) {
+        __m256i dot = _mm256_madd_epi16(lo16[r], _mm256_set1_epi16(1));  // a lane's two int16 sums -> int32
+        if constexpr (BITS == 8) dot = _mm256_add_epi32(dot, _mm256_madd_epi16(hi16[r], _mm256_set1_epi16(16)));
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sv, acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(ov, _mm256_set1_ps(xsum[r * G + g]), acc[r][h]);
+      }
+    }
+  }
+  for (int h = 0; h < 2; ++h) {
+    const __m256 b = bias ? _mm256_loadu_ps(bias + h * 8) : _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r)
+      _mm256_storeu_ps(y + r * ldy + h * 8, _mm256_fmadd_ps(acc[r][h], _mm256_set1_ps(sx[r]), b));
+  }
+}
+
+#else
+#error "build with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mf16c, or with -mavx2 -mfma -mf16c"
+#endif
+
 using BlockFn = void (*)(const uint8_t*, const uint16_t*, const uint16_t*, const int8_t*, const float*,
                          const float*, const float*, int64_t, float*, int64_t);
-constexpr int kRows = 8;  // rows per pass over a weight block: 8 x (int + float) accumulators fit the 32 registers
+
+template <int BITS, int... R>
+constexpr std::array<BlockFn, sizeof...(R) + 1> blocks(std::integer_sequence<int, R...>) {
+  return {nullptr, block<R + 1, BITS>...};
+}
 template <int BITS>
-constexpr BlockFn kBlocks[kRows + 1] = {nullptr, block<1, BITS>, block<2, BITS>, block<3, BITS>, block<4, BITS>,
-                                        block<5, BITS>, block<6, BITS>, block<7, BITS>, block<8, BITS>};
+constexpr auto kBlocks = blocks<BITS>(std::make_integer_sequence<int, kRows>{});
 
 }  // namespace
 
@@ -126,4 +208,7 @@ torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor s, torch::
   return y;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("w4a8_mm", &w4a8_mm, "4-bit weight x int8 activation matmul"); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("w4a8_mm", &w4a8_mm, "4-bit weight x int8 activation matmul");
+  m.def("isa", [] { return std::string(kIsa); }, "the instruction set this build uses: avx512 or avx2");
+}
