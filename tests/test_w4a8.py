@@ -16,7 +16,7 @@ from verispec.models.load import load
 from verispec.models.quant import W4A8Linear, affine_groups, cache_file, on_4bit_grid
 from verispec.proposers.draft_model import DraftModelProposer
 
-if not kernels.available_isas():  # neither AVX-512 VNNI nor AVX2: the dtype refuses (test_refusals_name_what_to_use)
+if not kernels.available_isas():  # neither AVX-512 VNNI nor AVX2: the dtype refuses (message: test_refusals_...)
     pytest.skip(f"no w4a8 kernel build runs on this CPU (lacks {', '.join(kernels.missing_cpu_flags('avx2'))})",
                 allow_module_level=True)
 
