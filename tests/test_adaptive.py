@@ -15,6 +15,7 @@ from tests.test_ngram import assert_draft_cache_is_fresh_prefill
 from tests.test_losslessness import N, Verdict, chi_square_pvalue, exact_law, noise_floor, sample_engine, tv
 from verispec.engine import GenerationParams, generate
 from verispec.proposers.adaptive import AdaptiveGammaProposer
+from verispec.proposers.base import Outcome
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.sampling import SamplingParams
 
@@ -40,8 +41,8 @@ def draft_probs(draft, tokens: list[int]) -> torch.Tensor:
 def test_confidence_stop_cuts_where_the_draft_is_unsure(wide_draft, confidence):
     prompt = PROMPTS[1]
     proposer = DraftModelProposer(wide_draft, 64, confidence=confidence)
-    proposer.reset(prompt)
-    tokens = proposer.propose(6, GREEDY, torch.Generator()).tokens.tolist()
+    proposer.reset(0, prompt)
+    tokens = proposer.propose([0], [6], [GREEDY], [torch.Generator()])[0].tokens.tolist()
     probs = [float(draft_probs(wide_draft, prompt + tokens[:i])[t]) for i, t in enumerate(tokens)]
     # every token but the last was drafted with probability >= confidence; the last is below it, or gamma was hit
     assert all(p >= confidence for p in probs[:-1]), probs
@@ -64,21 +65,21 @@ def test_greedy_equals_plain(wide_target, wide_draft, plain, confidence, gamma):
 
 def test_alpha_counts_rejections_not_untested_tokens(wide_draft):
     proposer = AdaptiveGammaProposer(DraftModelProposer(wide_draft, 64), decay=1.0, prior_weight=1e-9)
-    proposer.reset([1, 2, 3])
+    proposer.reset(0, [1, 2, 3])
     for accepted in (4, 1, 0, 3):  # gamma 4: rounds with 4 (no rejection), 1, 0 and 3 accepted
-        proposer._asked = 4
-        proposer.draft.fed = 0
-        proposer.observe(accepted, [7] * (accepted + 1))
+        proposer.rows[0].asked = 4
+        proposer.draft.fed[0] = 0
+        proposer.observe(0, Outcome(accepted, [7] * (accepted + 1)))
     # 8 accepted, 3 rejections -> 8/11; accepted/drafted would say 8/16
-    assert proposer.alpha == pytest.approx(8 / 11)
+    assert proposer.alpha(0) == pytest.approx(8 / 11)
 
 
 @pytest.mark.parametrize("alpha, c, expected", [(0.95, 0.05, 8), (0.3, 0.5, 1), (0.8, 0.2, 4)])
 def test_gamma_follows_alpha_and_c_under_the_cap(wide_draft, alpha, c, expected):
     proposer = AdaptiveGammaProposer(DraftModelProposer(wide_draft, 64, confidence=0.0), prior_alpha=alpha,
                                      prior_weight=1e6, prior_c=c, decay=1.0)
-    proposer.reset([1, 2, 3])
-    proposal = proposer.propose(8, GREEDY, torch.Generator())
+    proposer.reset(0, [1, 2, 3])
+    proposal = proposer.propose([0], [8], [GREEDY], [torch.Generator()])[0]
     assert proposer.gammas == [expected] and proposal.tokens.numel() == expected
 
 
@@ -106,19 +107,19 @@ def test_sampling_matches_exact_law(tiny_target, tiny_draft, temperature, gamma,
 class CheckedAdaptive(AdaptiveGammaProposer):
     """After every round the draft's cache must be a fresh prefill of the text, however short the proposal was."""
 
-    def reset(self, prompt: list[int]) -> None:
-        super().reset(prompt)
+    def reset(self, row, prompt, target=None) -> None:
+        super().reset(row, prompt, target)
         self.text, self.checked, self.short = list(prompt), 0, 0
 
-    def propose(self, gamma, sampling, generator):
-        proposal = super().propose(gamma, sampling, generator)
-        self.short += proposal.tokens.numel() < self.gammas[-1]
-        return proposal
+    def propose(self, rows, gammas, sampling, generators):
+        proposals = super().propose(rows, gammas, sampling, generators)
+        self.short += proposals[0].tokens.numel() < self.gammas[-1]
+        return proposals
 
-    def observe(self, num_accepted: int, emitted: list[int]) -> None:
-        super().observe(num_accepted, emitted)
-        self.text += emitted
-        assert_draft_cache_is_fresh_prefill(self.draft, self.text)
+    def observe(self, row, outcome) -> None:
+        super().observe(row, outcome)
+        self.text += outcome.emitted
+        assert_draft_cache_is_fresh_prefill(self.draft, self.text, row)
         self.checked += 1
 
 

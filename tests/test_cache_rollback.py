@@ -19,7 +19,7 @@ from tests.conftest import fresh_logits
 from verispec.cache import CacheFullError, KVCache
 from verispec.engine import GenerationParams, generate
 from verispec.models.llama import LlamaModel
-from verispec.proposers.base import Proposal
+from verispec.proposers.base import Outcome, Proposal, SequenceProposer
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.sampling import SamplingParams
 from verispec.verify import verify_chain
@@ -183,11 +183,11 @@ def run_draft_rounds(model, prompt: list[int], rounds: list[tuple[int, int]], se
     rng = random.Random(seed)
     V = model.vocab_size
     proposer = DraftModelProposer(model, max_len=len(prompt) + sum(g + 1 for g, _ in rounds) + 8)
-    proposer.reset(prompt)
+    proposer.reset(0, prompt)
     text = list(prompt)
     gen = torch.Generator().manual_seed(seed)
     for gamma, n in rounds:
-        proposal = proposer.propose(gamma, GREEDY, gen)
+        proposal = proposer.propose([0], [gamma], [GREEDY], [gen])[0]
         draft = proposal.tokens.tolist()
         assert len(draft) == gamma
         # Greedy drafts are the draft model's greedy continuation of the whole text (a fresh-prefill check).
@@ -200,13 +200,14 @@ def run_draft_rounds(model, prompt: list[int], rounds: list[tuple[int, int]], se
         else:
             extra = rng.randrange(V)
         emitted = draft[:n] + [extra]
-        proposer.observe(n, emitted)
+        proposer.observe(0, Outcome(n, emitted))
         text += emitted
         # The cache holds the text minus `pending`: one token, or two after an all-accepted round.
-        assert len(proposer.pending) == (2 if n == gamma else 1)
-        assert proposer.pending == text[-len(proposer.pending):]
-        assert proposer.cache.length == len(text) - len(proposer.pending)
-        logits = forward(model, proposer.pending, proposer.cache, last_n=1)[-1]  # scratch: nothing committed
+        pending = proposer.pending[0]
+        assert len(pending) == (2 if n == gamma else 1)
+        assert pending == text[-len(pending):]
+        assert proposer.cache.length(0) == len(text) - len(pending)
+        logits = forward(model, pending, proposer.cache.cache.row(0), last_n=1)[-1]  # scratch: nothing committed
         assert_close(logits, fresh_logits(model, text)[-1])
 
 
@@ -256,10 +257,11 @@ class CacheSpy:
         return out
 
 
-class WrongAtProposer:
+class WrongAtProposer(SequenceProposer):
     """Deterministic proposer that knows the greedy continuation and gets position j wrong on purpose."""
 
     def __init__(self, continuation: list[int], wrong_at: int, vocab: int) -> None:
+        super().__init__()
         self.continuation, self.wrong_at, self.vocab = continuation, wrong_at, vocab
         self.done = 0
 
@@ -273,7 +275,7 @@ class WrongAtProposer:
             toks[self.wrong_at] = (toks[self.wrong_at] + 1) % self.vocab
         return Proposal(tokens=torch.tensor(toks, dtype=torch.long))
 
-    def observe(self, num_accepted: int, emitted: list[int]) -> None:
+    def observe(self, num_accepted: int, emitted: list[int], extra_logits=None) -> None:
         self.done += len(emitted)
 
 

@@ -137,13 +137,13 @@ def test_small_batched_rounds_equal_lone_sequences_bit_for_bit(bf16_target):
     """The server's batched round (rows of different lengths) gives each row the logits its lone sequence's
     forward gives, so concurrent greedy requests reproduce `generate` exactly while a round's rows hold at most
     EXACT_ATTENTION_MAX tokens (here 3 rows x 5)."""
-    from verispec.batch import BatchKVCache, forward_rows
+    from verispec.batch import forward_rows
 
     model = bf16_target
     gen = torch.Generator().manual_seed(7)
     seqs = [torch.randint(0, CFG.vocab_size, (n,), generator=gen).tolist() for n in (30, 21, 26)]
     news = [torch.randint(0, CFG.vocab_size, (n,), generator=gen).tolist() for n in (4, 2, 3)]
-    cache = BatchKVCache(model, 3, 64)
+    cache = model.new_batch_cache(3, 64, slack=16)
     for r, s in enumerate(seqs):
         model.forward(torch.tensor([s[:-1]]), cache.row(r), last_n=1)
         cache.commit(r, len(s) - 1)

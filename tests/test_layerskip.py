@@ -21,11 +21,12 @@ import torch
 from tests.conftest import fresh_logits, tiny_config
 from tests.test_losslessness import PROMPT, W, Verdict, chi_square_pvalue, exact_law, noise_floor, tv
 from verispec import strategies
+from verispec.calibrate import calibrate
 from verispec.engine import Generation, GenerationParams, generate, stream
 from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
 from verispec.proposers.layerskip import (
-    LayerSkipProposer, calibrate, default_candidates, load_calibration, model_id, save_calibration,
+    LayerSkipProposer, default_candidates, load_calibration, model_id, save_calibration,
 )
 from verispec.sampling import SamplingParams, logits_to_probs
 
@@ -116,41 +117,44 @@ class CheckedLayerSkip(LayerSkipProposer):
     """Checks every round against fresh prefills: each draft (and its q when sampling) is what the truncated model
     computes on the text so far, and propose() leaves cache.length as it found it."""
 
-    def reset(self, prompt: list[int]) -> None:
-        super().reset(prompt)
+    def reset(self, row, prompt, target) -> None:
+        super().reset(row, prompt, target)
         self.text = list(prompt)
-        self.checked = 0
+        self.checked = self.cache_checks = 0
 
-    def propose(self, gamma, sampling, generator):
-        length = self.cache.length
-        proposal = super().propose(gamma, sampling, generator)
-        assert self.cache.length == length == len(self.text) - 1
+    def propose(self, rows, gammas, sampling, generators):
+        length = self.target.length(rows[0])
+        proposal = super().propose(rows, gammas, sampling, generators)[0]
+        assert self.target.length(rows[0]) == length == len(self.text) - 1
         ctx = list(self.text)
         for i, d in enumerate(proposal.tokens.tolist()):
             ref = shallow_logits(self.model, ctx, self.layers)[-1]
-            if sampling.greedy:
+            if sampling[0].greedy:
                 assert d == int(ref.argmax()), "draft from a stale cache"
             else:
-                assert torch.allclose(proposal.q[i], logits_to_probs(ref, sampling), atol=1e-6)
+                assert torch.allclose(proposal.q[i], logits_to_probs(ref, sampling[0]), atol=1e-6)
             ctx.append(d)
             self.checked += 1
-        return proposal
+        return [proposal]
 
-    def observe(self, num_accepted: int, emitted: list[int]) -> None:
-        super().observe(num_accepted, emitted)
-        self.text += emitted
+    def observe(self, row, outcome) -> None:
+        super().observe(row, outcome)
+        self.text += outcome.emitted
+        # after the round's commit: the shared cache row holds the text but its pending token, in every layer
+        assert_cache_is_fresh_prefill(self.model, self.target.cache, row, self.text)
+        self.cache_checks += 1
 
 
-def assert_cache_is_fresh_prefill(model: LlamaModel, cache, text: list[int]) -> None:
-    """The committed slots hold text[:-1] in every layer, exactly as a fresh prefill would, and the next logits
-    match a fresh prefill of the whole text."""
-    n = cache.length
+def assert_cache_is_fresh_prefill(model: LlamaModel, cache, row: int, text: list[int]) -> None:
+    """Row `row` of the BatchKVCache: the committed slots hold text[:-1] in every layer, exactly as a fresh
+    prefill would, and the next logits match a fresh prefill of the whole text."""
+    n = cache.lengths[row]
     assert n == len(text) - 1
     ref = model.new_cache(len(text) + 1)
     model.forward(torch.tensor([text[:-1]]), ref)
-    assert torch.allclose(cache.k[:, :, :, :n], ref.k[:, :, :, :n], atol=1e-9, rtol=0)
-    assert torch.allclose(cache.v[:, :, :, :n], ref.v[:, :, :, :n], atol=1e-9, rtol=0)
-    nxt = model.forward(torch.tensor([text[-1:]]), cache, last_n=1)[0, -1]
+    assert torch.allclose(cache.k[:, row : row + 1, :, :n], ref.k[:, :, :, :n], atol=1e-9, rtol=0)
+    assert torch.allclose(cache.v[:, row : row + 1, :, :n], ref.v[:, :, :, :n], atol=1e-9, rtol=0)
+    nxt = model.forward(torch.tensor([text[-1:]]), cache.row(row), last_n=1)[0, -1]
     assert torch.allclose(nxt, fresh_logits(model, text)[-1], atol=1e-9, rtol=0)
 
 
@@ -163,7 +167,7 @@ def test_drafts_and_target_cache_match_fresh_prefills(deep_target64, sampling, l
         params = GenerationParams(max_new_tokens=20, gamma=gamma, sampling=sampling, seed=i)
         res = generate(deep_target64, prompt, params, proposer)
         assert len(res.token_ids) == 20 and proposer.text == prompt + res.token_ids
-        assert_cache_is_fresh_prefill(deep_target64, proposer.cache, prompt + res.token_ids)
+        assert proposer.cache_checks == res.metrics.rounds  # the shared cache was checked after every round
         checked += proposer.checked
     assert checked > 20
 

@@ -20,7 +20,7 @@ from tests.conftest import fresh_logits
 from tests.test_layerskip import lossless_verdict
 from tests.test_losslessness import PROMPT
 from verispec import strategies
-from verispec.engine import GenerationParams, _extra_layout, generate
+from verispec.engine import GenerationParams, extra_layout, generate
 from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
 from verispec.proposers.lookahead import LookaheadProposer, window_layout
@@ -108,12 +108,13 @@ def test_every_window_token_sees_a_contiguous_causal_context(width, ngram, chain
 
 # ---- the verification forward with the window ---------------------------------------------------------------------
 def round_forward(model, prefix: list[int], pending: int, proposal):
-    """The engine's verification forward of one round (its own `_extra_layout`), on a cache holding `prefix`."""
+    """The engine's verification forward of one round (its own `extra_layout`), on a cache holding `prefix`."""
     chain = [pending] + proposal.tokens.tolist()
     g = len(chain) - 1
     cache = prefilled(model, prefix)
     x = torch.tensor([chain + proposal.extra.tolist()])
-    out = model.forward(x, cache, **_extra_layout(g, proposal, torch.device("cpu")))[0]
+    tree = extra_layout(g, proposal)
+    out = model.forward(x, cache, positions=tree.positions, tree_mask=tree.mask)[0]
     plain = model.forward(torch.tensor([chain]), prefilled(model, prefix))[0]
     return out[: g + 1], out[g + 1 :], plain
 
@@ -222,17 +223,18 @@ def test_greedy_equals_plain(wide_target, plain_outputs, width, ngram, candidate
 
 
 class CountingLookahead(LookaheadProposer):
+    """Counts the rounds whose target forward ran the window (its logits came back) and those that left it out."""
+
     def reset(self, prompt):
         super().reset(prompt)
         self.with_window = self.without_window = 0
 
-    def propose(self, gamma, sampling, generator):
-        proposal = super().propose(gamma, sampling, generator)
-        if proposal.extra is None:
+    def observe(self, num_accepted, emitted, extra_logits=None):
+        if extra_logits is None:
             self.without_window += 1
         else:
             self.with_window += 1
-        return proposal
+        super().observe(num_accepted, emitted, extra_logits)
 
 
 def test_window_is_dropped_when_the_cache_has_no_room(wide_target):
@@ -286,12 +288,12 @@ def test_losslessness_check_sees_a_chain_that_sees_the_window(tiny_target, monke
     check rejects the sample."""
     import verispec.engine as engine
 
-    def leaky_layout(g, proposal, device):
-        tree = _extra_layout(g, proposal, device)
-        tree["tree_mask"][1 : g + 1, g + 1 :] = True  # drafts see the window; pending (row 0) still does not
+    def leaky_layout(g, proposal):
+        tree = extra_layout(g, proposal)
+        tree.mask[1 : g + 1, g + 1 :] = True  # drafts see the window; pending (row 0) still does not
         return tree
 
-    monkeypatch.setattr(engine, "_extra_layout", leaky_layout)
+    monkeypatch.setattr(engine, "extra_layout", leaky_layout)
     seeds = {v: greedy_continuation(tiny_target, PROMPT[:-1] + [v], 2) for v in range(tiny_target.vocab_size)}
     verdict = lossless_verdict(tiny_target, lambda: SeededLookahead(seeds, 3, 3, 3), SamplingParams(temperature=1.0),
                                2, 31_000_000, max_new=16)
@@ -303,7 +305,7 @@ def test_strategy_builds_from_options_and_refuses_non_native(wide_target):
     target = LoadedModel(model=wide_target, tokenizer=None, path=Path("/m"), name="tiny")
     assert strategies.get("lookahead").needs_draft is False
     options = strategies.StrategyOptions(lookahead_window=7, lookahead_ngram=4, lookahead_candidates=2)
-    proposer = strategies.make_proposer("lookahead", target, None, 64, options)
+    proposer = strategies.make_proposer("lookahead", target, None, 64, options).factory()  # one per sequence
     assert (proposer.width, proposer.ngram, proposer.max_candidates) == (7, 4, 2)
     with pytest.raises(ValueError, match="native"):
         strategies.make_proposer("lookahead", LoadedModel(object(), None, Path("/m"), "hf"), None, 64)

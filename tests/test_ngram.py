@@ -29,6 +29,7 @@ from verispec import strategies
 from verispec.engine import Generation, GenerationParams, generate
 from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
+from verispec.proposers.base import Outcome
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.mix import DraftNgramProposer
 from verispec.proposers.ngram import NgramProposer
@@ -139,7 +140,7 @@ def test_lookup_cost_does_not_grow_with_the_sequence():
         tokens = proposed(proposer, 4)
         proposer.observe(0, tokens[:1] or [rng.randrange(50)])
     assert len(proposer.tokens) == 15_000
-    assert proposer.seconds < 2.0, proposer.seconds
+    assert proposer.stats.seconds < 2.0, proposer.stats.seconds
 
 
 # ---- one-hot q: what verify_chain does with a deterministic proposal ---------------------------------------------
@@ -261,7 +262,7 @@ def test_draft_ngram_greedy_equals_plain(wide_target, wide_draft, plain_outputs,
     mixes: list[DraftNgramProposer] = []
 
     def make() -> DraftNgramProposer:
-        mixes.append(DraftNgramProposer(DraftModelProposer(wide_draft, 64), NgramProposer(3, 1), min_match))
+        mixes.append(DraftNgramProposer(DraftModelProposer(wide_draft, 64), 3, min_match))
         return mixes[-1]
 
     results = run_greedy(wide_target, plain_outputs, make, gamma)
@@ -271,44 +272,47 @@ def test_draft_ngram_greedy_equals_plain(wide_target, wide_draft, plain_outputs,
     print(f"\ndraft+ngram min_match={min_match} gamma={gamma}: accepted {accepted} of {drafted}, n-gram drafted "
           f"{ngram_rounds} of {rounds} rounds, {forwards} draft forwards")
     assert 0 < accepted < drafted
-    assert 0 < ngram_rounds < rounds and forwards > 0  # both sub-proposers drafted
-    assert forwards == sum(m.draft.forwards for m in mixes)  # the metrics see the draft model's forwards
+    assert 0 < ngram_rounds < rounds and forwards > 0  # both sub-proposers drafted (metrics count the draft's forwards)
 
 
 # ---- the mix keeps the draft model's cache in step -----------------------------------------------------------------
-def assert_draft_cache_is_fresh_prefill(draft: DraftModelProposer, text: list[int]) -> None:
-    """The draft's cache holds the text minus its pending tokens, and feeding those gives a fresh prefill's logits."""
-    pending = draft.pending
+def assert_draft_cache_is_fresh_prefill(draft: DraftModelProposer, text: list[int], row: int = 0) -> None:
+    """The draft's cache row holds the text minus its pending tokens, and feeding those gives a fresh prefill's
+    logits."""
+    pending = draft.pending[row]
     assert pending and pending == text[-len(pending) :]
-    assert draft.cache.length == len(text) - len(pending) and draft.fed == 0
+    assert draft.cache.length(row) == len(text) - len(pending) and draft.fed[row] == 0
     x = torch.tensor([pending], dtype=torch.long)
-    logits = draft.model.forward(x, draft.cache, last_n=1)[0, -1]  # scratch slots: nothing committed
+    logits = draft.model.forward(x, draft.cache.cache.row(row), last_n=1)[0, -1]  # scratch slots: nothing committed
     assert_close(logits, fresh_logits(draft.model, text)[-1])
 
 
 class CheckedMix(DraftNgramProposer):
     """Checks after every round that the draft's cache is a fresh prefill of the text, and that its greedy drafts
-    are the draft model's greedy continuation of the whole text."""
+    are the draft model's greedy continuation of the whole text. One sequence, in row 0."""
 
-    def reset(self, prompt: list[int]) -> None:
-        super().reset(prompt)
-        self.text, self.checked = list(prompt), 0
+    def reset(self, row, prompt, target=None) -> None:
+        super().reset(row, prompt, target)
+        self.text, self.checked, self.used_ngram = list(prompt), 0, False
 
-    def propose(self, gamma, sampling, generator):
-        proposal = super().propose(gamma, sampling, generator)
-        if sampling.greedy and not self.used_ngram:
+    def propose(self, rows, gammas, sampling, generators):
+        before = self.ngram_rounds
+        proposal = super().propose(rows, gammas, sampling, generators)[0]
+        self.used_ngram = self.ngram_rounds > before
+        if sampling[0].greedy and not self.used_ngram:
             ctx = list(self.text)
             for tok in proposal.tokens.tolist():
                 assert tok == int(fresh_logits(self.draft.model, ctx)[-1].argmax()), "draft from a stale cache"
                 ctx.append(tok)
-        return proposal
+        return [proposal]
 
-    def observe(self, num_accepted: int, emitted: list[int]) -> None:
-        super().observe(num_accepted, emitted)
-        self.text += emitted
-        assert self.ngram.tokens == self.text
-        assert_draft_cache_is_fresh_prefill(self.draft, self.text)
+    def observe(self, row, outcome) -> None:
+        super().observe(row, outcome)
+        self.text += outcome.emitted
+        assert self.ngrams[row].tokens == self.text
+        assert_draft_cache_is_fresh_prefill(self.draft, self.text, row)
         self.checked += 1
+        self.forwards = self.stats(row).forwards
 
 
 ROUNDS = [  # (who drafts, gamma, accepted) in sequence: every transition between the two, full and partial accepts
@@ -324,25 +328,25 @@ def test_mix_rounds_by_hand_keep_the_draft_cache_fresh(wide_draft, dtype):
     model = copy.deepcopy(wide_draft).to(dtype)
     rng = random.Random(1)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    mix = CheckedMix(DraftModelProposer(model, 128), NgramProposer(3, 1), min_match=1)
-    mix.reset(prompt)
+    mix = CheckedMix(DraftModelProposer(model, 128), 3, min_match=1)
+    mix.reset(0, prompt)
     gen = torch.Generator().manual_seed(0)
     for who, gamma, n in ROUNDS:
         mix.min_match = 1 if who == "ngram" else 10**9
-        draft = mix.propose(gamma, GREEDY, gen).tokens.tolist()
+        draft = mix.propose([0], [gamma], [GREEDY], [gen])[0].tokens.tolist()
         assert mix.used_ngram == (who == "ngram") and 0 < len(draft) <= gamma
         n = min(n, len(draft))
         extra = rng.choice([t for t in prompt if n == len(draft) or t != draft[n]])
-        mix.observe(n, draft[:n] + [extra])
+        mix.observe(0, Outcome(n, draft[:n] + [extra]))
     assert mix.checked == len(ROUNDS) and mix.ngram_rounds == 6
-    assert mix.draft.forwards > 0 and mix.forwards == mix.draft.forwards and mix.seconds == mix.draft.seconds
+    assert mix.stats(0).forwards > 0 and mix.stats(0) is mix.draft.stats(0)
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, T1], ids=["greedy", "T1"])
 def test_mix_through_the_engine_keeps_the_draft_cache_fresh(wide_target, wide_draft, plain_outputs, sampling):
     checked = ngram_rounds = forwards = 0
     for i, prompt in enumerate(list(plain_outputs)[:6]):
-        mix = CheckedMix(DraftModelProposer(wide_draft, 64), NgramProposer(3, 1), min_match=2)
+        mix = CheckedMix(DraftModelProposer(wide_draft, 64), 3, min_match=2)
         params = GenerationParams(max_new_tokens=MAX_NEW, gamma=4, sampling=sampling, seed=i)
         res = generate(wide_target, list(prompt), params, mix)
         assert mix.text == list(prompt) + res.token_ids
@@ -375,10 +379,10 @@ def test_ngram_sampling_matches_exact_law(tiny_target, sampling, gamma, seed_bas
 def test_draft_ngram_sampling_matches_exact_law(tiny_target, tiny_draft, sampling, gamma, seed_base):
     """min_match 3: round 1 always copies (the prompt's suffix (1, 2, 1) matches); later rounds inside the window
     copy or ask the draft model depending on what was emitted."""
-    mixes: list[DraftNgramProposer] = []
+    mixes: list[CountingMix] = []
 
     def make(max_len: int) -> DraftNgramProposer:
-        mixes.append(DraftNgramProposer(DraftModelProposer(tiny_draft, max_len), NgramProposer(3, 1), min_match=3))
+        mixes.append(CountingMix(DraftModelProposer(tiny_draft, max_len), 3, min_match=3))
         return mixes[-1]
 
     verdict = lossless_verdict(tiny_target, make, sampling, gamma, seed_base, "draft+ngram")
@@ -387,6 +391,16 @@ def test_draft_ngram_sampling_matches_exact_law(tiny_target, tiny_draft, samplin
     assert ngram_rounds >= N and forwards > N // 20  # both drafted, within the 3 tokens compared
     assert verdict.alpha is not None and 0.05 < verdict.alpha < 0.95, verdict
     assert verdict.passes, verdict
+
+
+class CountingMix(DraftNgramProposer):
+    """Keeps its one sequence's draft forwards after the round has freed its row."""
+
+    forwards = 0
+
+    def observe(self, row, outcome) -> None:
+        super().observe(row, outcome)
+        self.forwards = self.stats(row).forwards
 
 
 def test_floor_is_tight_enough_for_this_prompt(tiny_target):
@@ -402,10 +416,10 @@ def test_strategies_build_from_options(wide_target, wide_draft):
     draft = LoadedModel(model=wide_draft, tokenizer=None, path=Path("/d"), name="tiny-draft")
     options = strategies.StrategyOptions(ngram_max=4, ngram_min=2)
     assert not strategies.get("ngram").needs_draft and strategies.get("draft+ngram").needs_draft
-    ngram = strategies.make_proposer("ngram", target, None, 64, options)
+    ngram = strategies.make_proposer("ngram", target, None, 64, options).factory()  # one per sequence
     assert isinstance(ngram, NgramProposer) and (ngram.ngram_max, ngram.ngram_min) == (4, 2)
     mix = strategies.make_proposer("draft+ngram", target, draft, 64, options)
-    assert isinstance(mix, DraftNgramProposer) and mix.min_match == 2 and mix.ngram.ngram_max == 4
+    assert isinstance(mix, DraftNgramProposer) and mix.min_match == 2 and mix.ngram_max == 4
     assert mix.draft.model is wide_draft
     with pytest.raises(ValueError, match="needs a draft"):
         strategies.make_proposer("draft+ngram", target, None, 64, options)

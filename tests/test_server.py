@@ -25,6 +25,7 @@ import torch
 from tests.tiny_hf import WORDS, make_tiny_hf_dir
 from verispec.engine import GenerationParams, generate
 from verispec.models.load import load
+from verispec.proposers.base import Outcome
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.sampling import SamplingParams
 
@@ -126,8 +127,8 @@ def live(app) -> Iterator[str]:
 
 def settings(**kw) -> ServerSettings:
     # prompt and new-token limits that add up to more than the tiny models' 256-token context
-    base = dict(model_name=MODEL, gamma=GAMMA, max_concurrency=8, max_prompt_tokens=200, max_new_tokens_limit=128,
-                speculate_max_batch=4)
+    base = dict(model_name=MODEL, strategy="draft", gamma=GAMMA, max_concurrency=8, max_prompt_tokens=200,
+                max_new_tokens_limit=128, speculate_max_batch=4)
     return ServerSettings(**{**base, **kw})
 
 
@@ -613,12 +614,12 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_forward_rows_matches_single_sequence_forwards(dirs, device):
-    from verispec.batch import BatchKVCache, forward_rows
+    from verispec.batch import forward_rows
 
     model = load(str(dirs[0]), dtype="float32", device=device, progress=False).model
     seqs = [[1, 2, 3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18]]
     news = [[3, 4], [5], [6, 7, 8]]
-    cache = BatchKVCache(model, 4, 64)
+    cache = model.new_batch_cache(4, 64, slack=16)
     for r, s in enumerate(seqs):
         model.forward(torch.tensor([s], device=device), cache.row(r))
         cache.commit(r, len(s))
@@ -660,30 +661,33 @@ def test_server_on_cuda(dirs):
 
 
 def test_batched_draft_matches_per_sequence_draft_proposers(models):
-    """The batched draft (all rows in one forward per step) proposes what one DraftModelProposer per request
-    proposes, round after round, with rows of different lengths, gammas and acceptance."""
-    from verispec.server.drafting import BatchedDraft
-
+    """One DraftModelProposer over 4 rows (all rows in one forward per step) proposes what one single-row
+    DraftModelProposer per request proposes, round after round, with rows of different lengths, gammas and
+    acceptance, and after a row is moved."""
     draft, vocab = models.draft.model, models.target.model.vocab_size
     prompts = [[13, 15, 22], [16, 17, 13, 15, 22, 16, 17], [22]]
-    batched = BatchedDraft(draft, rows=4, max_len=128, vocab_size=vocab, gamma=4)
+    batched = DraftModelProposer(draft, 128, vocab_size=vocab, rows=4)
     singles = [DraftModelProposer(draft, 128, vocab_size=vocab) for _ in prompts]
-    for r, (p, single) in enumerate(zip(prompts, singles)):
-        batched.add(r, p, 128)
-        single.reset(p)
+    rows = [0, 1, 3]  # row 2 is free: a gathered, not sliced, batch
+    for r, p, single in zip(rows, prompts, singles):
+        batched.reset(r, p)
+        single.reset(0, p)
     greedy = SamplingParams()
     rng = random.Random(0)
     for round_ in range(6):
+        if round_ == 3:  # keep rows packed, as the round does when a sequence leaves
+            batched.move(3, 2)
+            rows = [0, 1, 2]
         gammas = [4, 2 + round_ % 3, 1]
-        got = batched.propose([0, 1, 2], gammas, [greedy] * 3, [torch.Generator()] * 3)
-        for r, single in enumerate(singles):
-            want = single.propose(gammas[r], greedy, torch.Generator())
-            assert got[r].tokens.tolist() == want.tokens.tolist(), (round_, r)
+        got = batched.propose(rows, gammas, [greedy] * 3, [torch.Generator()] * 3)
+        for r, g, single, mine in zip(rows, gammas, singles, got):
+            want = single.propose([0], [g], [greedy], [torch.Generator()])[0]
+            assert mine.tokens.tolist() == want.tokens.tolist(), (round_, r)
             accepted = rng.randint(0, len(want.tokens))
             emitted = want.tokens.tolist()[:accepted] + [rng.randrange(vocab)]
-            batched.observe(r, accepted, emitted)
-            single.observe(accepted, emitted)
-            assert batched.cache.lengths[r] == single.cache.length and batched.pending[r] == single.pending
+            batched.observe(r, Outcome(accepted, emitted))
+            single.observe(0, Outcome(accepted, emitted))
+            assert batched.cache.length(r) == single.cache.length(0) and batched.pending[r] == single.pending[0]
 
 
 # ---- the real pair -------------------------------------------------------------------------------------------------
@@ -703,7 +707,7 @@ def test_real_pair_server_equals_generate():
     tok = target.tokenizer
     prompts = ["def quicksort(arr):", "class Stack:\n    def __init__(self):", "def fibonacci(n):"]
     expected = [reference(real, tok.encode(p), 48, gamma=4) for p in prompts]
-    app = create_app(ServerSettings(model_name="real", gamma=4, max_concurrency=4), models=real)
+    app = create_app(ServerSettings(model_name="real", strategy="draft", gamma=4, max_concurrency=4), models=real)
     with live(app) as base, httpx.Client(base_url=base, timeout=600) as c:
         def ask(p: str) -> dict:
             return c.post("/v1/completions", json={"model": "real", "prompt": p, "max_tokens": 48, "temperature": 0,
@@ -737,7 +741,7 @@ def test_real_pair_server_equals_generate():
 @pytest.mark.parametrize("args, needle", [
     (["--gamma", "0"], "gamma"),
     (["--max-concurrency", "0"], "max-concurrency"),
-    (["--strategy", "layerskip"], "invalid choice"),
+    (["--strategy", "nosuch"], "unknown strategy"),
     (["--port", "70000"], "--port"),
 ])
 def test_serve_bad_flags_exit_2(capsys, args, needle):

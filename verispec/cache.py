@@ -1,9 +1,14 @@
-"""A preallocated KV cache with explicit commit / rollback.
+"""Preallocated KV caches with explicit commit / rollback: one sequence (`KVCache`) or many rows (`BatchKVCache`).
 
 A forward pass writes keys and values for its new tokens at slots [length, length + T) and reads
 slots [0, length + T). Nothing is committed by the forward itself: the caller decides after verification
 how many of those T slots are real (`commit(n)`), and the rest are scratch that the next forward
 overwrites. So a rejected draft costs nothing to undo, and no prefix is ever re-run.
+
+A `BatchKVCache` keeps one committed length per row; `row(r)` is one row behind the single-sequence interface
+(so a lone sequence runs the model's ordinary forward), and `rows_view(...)` is the explicit description of one
+batched forward (which rows, which slot each new token writes, how many keys it reads), handed to the model's
+layers for that forward only: the cache itself holds no per-call state.
 """
 
 from __future__ import annotations
@@ -12,8 +17,12 @@ import torch
 from torch import Tensor
 
 
+class CacheFullError(RuntimeError):
+    pass
+
+
 class CommitLog:
-    """The commit/rollback bookkeeping every cache shares: how many written tokens are real."""
+    """The commit/rollback bookkeeping every single-sequence cache shares: how many written tokens are real."""
 
     length: int
     max_len: int
@@ -64,5 +73,102 @@ class KVCache(CommitLog):
         self.length = 0
 
 
-class CacheFullError(RuntimeError):
-    pass
+class BatchKVCache:
+    """Keys/values [layers, rows, kv_heads, capacity, head_dim] with one committed length per row.
+
+    capacity = max_len + slack: a forward may write up to `slack` scratch slots (pads, drafts, a lookahead
+    window) past max_len, but only max_len tokens of a row are ever committed.
+    """
+
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int, *, rows: int, slack: int = 16,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        self.max_len = max_len
+        self.capacity = max_len + slack
+        shape = (n_layers, rows, n_kv_heads, self.capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = [0] * rows  # committed tokens per row
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    def row(self, r: int) -> "RowCache":
+        return RowCache(self, r)
+
+    def commit(self, r: int, n: int) -> None:
+        if n < 0 or self.lengths[r] + n > self.max_len:
+            raise ValueError(f"cannot commit {n} tokens at length {self.lengths[r]} (max {self.max_len})")
+        self.lengths[r] += n
+
+    def rollback(self, r: int, n: int) -> None:
+        if not 0 <= n <= self.lengths[r]:
+            raise ValueError(f"cannot roll back {n} of {self.lengths[r]} tokens")
+        self.lengths[r] -= n
+
+    def free(self, r: int) -> None:
+        self.lengths[r] = 0
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy row src's committed keys/values into row dst (to keep live rows packed); src becomes free."""
+        n = self.lengths[src]
+        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+        self.lengths[dst], self.lengths[src] = n, 0
+
+    def rows_view(self, rows: list[int], slots: Tensor, read: int) -> "RowsView":
+        """The write/read plan of one batched forward: rows[b] writes its new token i at slots[b, i]."""
+        if int(slots.max()) >= self.capacity:
+            raise CacheFullError(f"a batched forward needs {int(slots.max()) + 1} slots; the cache has {self.capacity}")
+        return RowsView(self, rows, slots, read)
+
+
+class RowsView:
+    """One batched forward's view of a BatchKVCache (made by `rows_view`, used by the layers, then dropped)."""
+
+    def __init__(self, cache: BatchKVCache, rows: list[int], slots: Tensor, read: int) -> None:
+        self.cache, self.read = cache, read
+        self.prefix = rows == list(range(len(rows)))  # rows 0 .. n-1 are read as a slice, not gathered
+        self.index = torch.tensor(rows, dtype=torch.long, device=cache.k.device)  # [n]
+        self.slots = slots.to(cache.k.device)  # [n, T]
+
+    def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """k, v [n, kv_heads, T, head_dim] -> all readable keys/values [n, kv_heads, read, head_dim]."""
+        c, rows = self.cache, self.index[:, None]  # [n, 1]
+        c.k[layer][rows, :, self.slots] = k.transpose(1, 2).to(c.k.dtype)  # the indexed view is [n, T, kv, D]
+        c.v[layer][rows, :, self.slots] = v.transpose(1, 2).to(c.v.dtype)
+        if self.prefix:
+            n = k.shape[0]
+            return c.k[layer, :n, :, : self.read], c.v[layer, :n, :, : self.read]
+        return c.k[layer][self.index, :, : self.read], c.v[layer][self.index, :, : self.read]
+
+
+class RowCache:
+    """One row of a BatchKVCache behind the single-sequence KVCache interface (length, write, commit)."""
+
+    def __init__(self, batch: BatchKVCache, r: int) -> None:
+        self.batch, self.r = batch, r
+        self.max_len = batch.max_len
+
+    @property
+    def length(self) -> int:
+        return self.batch.lengths[self.r]
+
+    def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        start = self.length
+        end = start + k.shape[2]
+        if end > self.batch.capacity:
+            raise CacheFullError(f"sequence of {end} tokens exceeds the cache size of {self.max_len}")
+        b, r = self.batch, self.r
+        b.k[layer, r : r + 1, :, start:end] = k
+        b.v[layer, r : r + 1, :, start:end] = v
+        return b.k[layer, r : r + 1, :, :end], b.v[layer, r : r + 1, :, :end]
+
+    def commit(self, n: int) -> None:
+        self.batch.commit(self.r, n)
+
+    def rollback(self, n: int) -> None:
+        self.batch.rollback(self.r, n)
+
+    def reset(self) -> None:
+        self.batch.free(self.r)

@@ -1,33 +1,45 @@
-"""The one loop: propose, verify in one target forward, commit, emit.
+"""The one round: propose, verify in one target forward, commit, emit, for B rows at once.
 
-    while not done:
-        draft  = proposer.propose(gamma)                      # tokens + proposal probs q
-        logits = target.forward([pending] + draft, cache)     # ONE forward over all drafted positions
-        result = verify(draft, p=probs(logits), q)            # pure function
-        cache.commit(1 + accepted); proposer.observe(result)  # the rest of the slots are scratch
-        emit(result.tokens)
+    while rows are live:                                          # Batch.round
+        drafts = proposer.propose(rows, gammas)                   # tokens + proposal probs q, per row
+        logits = target.forward(rows, [pending] + drafts)         # ONE forward over every row
+        result = verify(drafts, logits, q, sampling)              # pure function, all rows in one call
+        commit 1 + accepted per row; proposer.observe(row, result)   # the rest of the slots are scratch
+        stop rules; emit; metrics
 
-Plain decoding is the same loop with no proposer (gamma = 0), so every speedup is measured against the
-same code. Invariant: the target cache holds the whole sequence except `pending`, its last token.
+`generate` and `stream` are B = 1 of it, `bench` runs `stream`, and the server's scheduler only decides which
+requests join the batch (verispec.server.scheduler). Plain decoding is the same round with no proposer
+(gamma = 0), so every speedup is measured against the same code. Invariant, per row: the target cache holds the
+whole sequence except `pending`, its last token.
+
+A row's failure (its proposer, its verification) is that row's alone: a failing proposer leaves the row to
+continue target-only, and a row whose verification fails ends with the error while the others go on, with the
+outputs they would have had without it.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 
+from verispec.batch import Rows, Tree, make_rows, prefill
 from verispec.metrics import RequestMetrics
 from verispec.models.base import CausalLM
-from verispec.proposers.base import Proposer
-from verispec.sampling import SamplingParams, argmax, logits_to_probs, make_generator
-from verispec.verify import Verified, verify_chain, verify_greedy
+from verispec.proposers.base import Outcome, PerRow, Proposal, Proposer, SequenceProposer
+from verispec.sampling import SamplingParams, make_generator
+from verispec.verify import ChainVerifier, verify, verify_chain
 
-Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], Verified]
+log = logging.getLogger("verispec.engine")
+
 # Given all new token ids so far, return how many to keep if a stop sequence occurred, else None.
 StopFn = Callable[[list[int]], "int | None"]
+Verifier = ChainVerifier  # the chain rule a round verifies with (tests pass broken ones)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -47,137 +59,313 @@ class GenerationParams:
 
 @dataclass
 class Generation:
-    """Filled in while `stream` runs; complete once it is exhausted."""
+    """Filled in while a sequence runs; complete once it has finished."""
 
     token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "length" | "eos" | "stop"
+    finish_reason: str | None = None  # "length" | "eos" | "stop" | "error" | "cancelled"
     metrics: RequestMetrics | None = None
+    error: BaseException | None = None  # why it ended, when finish_reason is "error"
 
 
-def _timed(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch.Tensor, float]:
-    t0 = time.perf_counter()
-    out = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return out, time.perf_counter() - t0
+@dataclass
+class Sequence:
+    """One live row of a Batch. `tag` is the caller's (the server keeps its request there)."""
+
+    prompt: list[int]
+    params: GenerationParams
+    proposer: Proposer | None  # None: plain decoding, or drafting failed and the row went on target-only
+    stop_fn: StopFn | None
+    generator: torch.Generator
+    result: Generation
+    pending: int
+    tag: Any = None
+    fell_back: bool = False  # its proposer failed
+
+    @property
+    def out(self) -> list[int]:
+        return self.result.token_ids
+
+    @property
+    def metrics(self) -> RequestMetrics:
+        assert self.result.metrics is not None
+        return self.result.metrics
 
 
-def _extra_layout(g: int, proposal, device: torch.device) -> dict[str, torch.Tensor]:
-    """Positions and mask for one forward over [pending] + chain (causal) + the proposal's extra tokens."""
+@dataclass(frozen=True)
+class Step:
+    """What one round did for one sequence: `new` tokens emitted; finished once seq.result.finish_reason is set."""
+
+    seq: Sequence
+    new: list[int]
+    drafted: int
+    accepted: int
+
+
+def apply_stops(out: list[int], emitted: list[int], params: GenerationParams,
+                stop_fn: StopFn | None) -> tuple[list[int], str | None]:
+    """Which of a round's `emitted` tokens to keep, and why generation ends (or None): the end-of-sequence
+    token first, then the length limit, then stop strings."""
+    keep, reason = len(emitted), None
+    for i, tok in enumerate(emitted):
+        if tok in params.eos_ids:
+            keep, reason = i, "eos"
+            break
+    if reason is None and len(out) + keep >= params.max_new_tokens:
+        keep, reason = params.max_new_tokens - len(out), "length"
+    new = emitted[:keep]
+    if stop_fn is not None and new:
+        cut = stop_fn(out + new)
+        if cut is not None:
+            new, reason = (out + new)[len(out) : cut] if cut > len(out) else [], "stop"
+    return new, reason
+
+
+def extra_layout(g: int, proposal: Proposal) -> Tree:
+    """The tree of one forward over [pending] + chain (g tokens, causal) + the proposal's extra tokens."""
     e = proposal.extra.numel()
     positions = torch.cat([torch.arange(g + 1), proposal.extra_positions.to(torch.long).cpu()])
     mask = torch.zeros(g + 1 + e, g + 1 + e, dtype=torch.bool)
     mask[: g + 1, : g + 1] = torch.ones(g + 1, g + 1, dtype=torch.bool).tril()
     mask[g + 1 :] = proposal.extra_mask.to(torch.bool).cpu()
-    return {"positions": positions.to(device), "tree_mask": mask.to(device)}
+    return Tree(positions=positions, mask=mask)
+
+
+def _per_row(fn: Callable[[list[int]], list[T]], idx: list[int],
+             generators: list[torch.Generator]) -> list[T | BaseException]:
+    """fn over all of `idx` at once; if that raises, over each alone from the same random state, so only the
+    failing ones get their exception (a batch's failure must not cost the other rows anything)."""
+    states = [g.get_state() for g in generators]
+    try:
+        return list(fn(idx))
+    except Exception as e:  # noqa: BLE001
+        if len(idx) == 1:
+            return [e]
+    out: list[T | BaseException] = []
+    for i, g, state in zip(idx, generators, states):
+        g.set_state(state)
+        try:
+            out.append(fn([i])[0])
+        except Exception as e:  # noqa: BLE001 - this row alone
+            out.append(e)
+    return out
+
+
+class Batch:
+    """Up to `rows` sequences of one target, kept packed at cache rows 0 .. n-1, advanced together by round().
+
+    max_len: prompt + new tokens of the longest sequence; slack: scratch slots past it that one forward may
+    write (gamma + 1 drafts, a lookahead window: a window that does not fit is left out of that round).
+    fall_back: a sequence whose proposer fails goes on target-only (a server's choice); else it ends with
+    the error (a library call's: a broken proposer must not pass unnoticed).
+    """
+
+    def __init__(self, target: CausalLM, rows: int, max_len: int, *, slack: int = 32,
+                 verifier: ChainVerifier = verify_chain, fall_back: bool = False) -> None:
+        self.target: Rows = make_rows(target, rows, max_len, slack)
+        self.verifier, self.fall_back = verifier, fall_back
+        self.live: list[Sequence] = []  # index == cache row
+
+    @property
+    def max_len(self) -> int:
+        return self.target.max_len
+
+    def add(self, prompt: list[int], params: GenerationParams, proposer: Proposer | None = None, *,
+            stop_fn: StopFn | None = None, tag: Any = None, result: Generation | None = None) -> Sequence:
+        """Prefill a sequence into the next free row; `result` (default a new Generation) receives its ids,
+        finish reason and metrics as they come. Raises ValueError for a request that cannot run."""
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(self.live) >= self.target.rows:
+            raise ValueError(f"the batch is full ({self.target.rows} rows)")
+        if len(prompt) + params.max_new_tokens > self.max_len:
+            raise ValueError(f"prompt ({len(prompt)}) + max new tokens exceeds the model's context ({self.max_len})")
+        row = len(self.live)
+        metrics = RequestMetrics(gamma=params.gamma if proposer else 0, prompt_tokens=len(prompt))
+        result = result if result is not None else Generation()
+        result.metrics = metrics
+        t0 = time.perf_counter()
+        prefill(self.target, row, prompt[:-1])
+        metrics.prefill_seconds = time.perf_counter() - t0
+        seq = Sequence(prompt=prompt, params=params, proposer=proposer, stop_fn=stop_fn,
+                       generator=make_generator(params.seed, self.target.model.device), result=result,
+                       pending=prompt[-1], tag=tag)
+        self.live.append(seq)
+        if proposer is not None:
+            t0 = time.perf_counter()
+            try:
+                proposer.reset(row, prompt, self.target)  # a draft model prefills here
+            except Exception as e:  # noqa: BLE001 - the row goes on target-only
+                self._fall_back(seq, row, e)
+            metrics.proposer_prefill_seconds = time.perf_counter() - t0
+        return seq
+
+    def remove(self, seq: Sequence, reason: str = "cancelled") -> None:
+        """Take a sequence out of the batch (its request ended, or was cancelled)."""
+        if seq.result.finish_reason is None:
+            seq.result.finish_reason = reason
+            seq.metrics.finish()
+        row = self.live.index(seq)
+        last = len(self.live) - 1
+        if seq.proposer is not None:
+            seq.proposer.free(row)
+        if row != last:  # keep live rows packed
+            moved = self.live[last]
+            self.target.move(last, row)
+            if moved.proposer is not None:
+                moved.proposer.move(last, row)
+            self.live[row] = moved
+        self.live.pop()
+        self.target.free(last)
+
+    def _fall_back(self, seq: Sequence, row: int, error: BaseException) -> None:
+        assert seq.proposer is not None
+        if not self.fall_back:
+            self._fail(seq, error)
+            return
+        log.warning("drafting failed for a sequence; it continues target-only", exc_info=error)
+        try:
+            stats = seq.proposer.stats(row)
+            seq.metrics.draft_forwards, seq.metrics.draft_seconds = stats.forwards, stats.seconds
+            seq.proposer.free(row)
+        except Exception:  # noqa: BLE001 - e.g. it failed before its row existed
+            log.exception("could not read or free the failed proposer's row")
+        seq.proposer, seq.fell_back = None, True
+
+    def _fail(self, seq: Sequence, error: BaseException) -> None:
+        log.error("a sequence failed: %r", error)
+        seq.result.finish_reason, seq.result.error = "error", error
+        seq.metrics.finish()
+
+    def round(self, *, speculate: bool = True) -> list[Step]:
+        """One round over every live sequence; finished ones leave the batch. speculate=False: no drafting."""
+        for s in [s for s in self.live if s.result.finish_reason is not None]:  # e.g. its proposer failed at add
+            self.remove(s)
+        seqs = list(self.live)
+        target = self.target
+        gammas = [min(s.params.gamma, s.params.max_new_tokens - len(s.out) - 1)
+                  if speculate and s.proposer is not None else 0 for s in seqs]
+        proposals: list[Proposal | None] = [None] * len(seqs)
+        for proposer in {id(s.proposer): s.proposer for s, g in zip(seqs, gammas) if g > 0}.values():
+            idx = [i for i, s in enumerate(seqs) if s.proposer is proposer and gammas[i] > 0]
+            got = _per_row(lambda ii: proposer.propose(ii, [gammas[i] for i in ii],
+                                                       [seqs[i].params.sampling for i in ii],
+                                                       [seqs[i].generator for i in ii]),
+                           idx, [seqs[i].generator for i in idx])
+            for i, p in zip(idx, got):
+                if isinstance(p, BaseException):
+                    self._fall_back(seqs[i], i, p)
+                else:
+                    proposals[i] = p
+
+        # One target forward over every row: [pending] + drafts (+ a lookahead window where it fits).
+        chains, trees, drafts = [], [], []
+        for i, (s, p) in enumerate(zip(seqs, proposals)):
+            draft = p.tokens.cpu() if p is not None else torch.empty(0, dtype=torch.long)
+            chain = [s.pending] + draft.tolist()
+            tree = None
+            if p is not None and p.extra is not None and p.extra.numel():
+                if target.length(i) + len(chain) + p.extra.numel() <= target.capacity:
+                    tree = extra_layout(len(chain) - 1, p)
+                    chain += p.extra.tolist()
+            drafts.append(draft)
+            chains.append(chain)
+            trees.append(tree)
+        t0 = time.perf_counter()
+        logits = target.forward(list(range(len(seqs))), chains, trees=trees if any(trees) else None)
+        if target.model.device.type == "cuda":
+            torch.cuda.synchronize(target.model.device)
+        share = (time.perf_counter() - t0) / len(seqs)
+        extra_logits = [lg[d.numel() + 1 :] if t is not None else None for lg, d, t in zip(logits, drafts, trees)]
+        logits = [lg[: d.numel() + 1] for lg, d in zip(logits, drafts)]
+
+        # Verify every row in one call (rows whose verification fails end alone).
+        t0 = time.perf_counter()
+        qs = [p.q if p is not None else None for p in proposals]
+        got = _per_row(lambda ii: _unbatch(verify([drafts[i] for i in ii], [logits[i] for i in ii],
+                                                  [qs[i] for i in ii], [seqs[i].params.sampling for i in ii],
+                                                  [seqs[i].generator for i in ii], self.verifier)),
+                       list(range(len(seqs))), [s.generator for s in seqs])
+        verify_share = (time.perf_counter() - t0) / len(seqs)
+
+        steps = []
+        for i, (s, v) in enumerate(zip(seqs, got)):
+            s.metrics.target_seconds += share
+            s.metrics.verify_seconds += verify_share
+            if s.result.finish_reason is not None:  # its proposer failed this round
+                steps.append(Step(s, [], 0, 0))
+                continue
+            if isinstance(v, BaseException):
+                self._fail(s, v)
+                steps.append(Step(s, [], drafts[i].numel(), 0))
+                continue
+            n, emitted = v
+            target.commit(i, n + 1)  # pending + the accepted drafts; the recovered/bonus token is the new pending
+            s.pending = emitted[-1]
+            if s.proposer is not None:
+                try:
+                    s.proposer.observe(i, Outcome(n, emitted, extra_logits[i]))
+                except Exception as e:  # noqa: BLE001 - the row goes on target-only
+                    self._fall_back(s, i, e)
+            new, reason = apply_stops(s.out, emitted, s.params, s.stop_fn)
+            s.metrics.record_round(drafts[i].numel(), n, len(new))
+            if s.proposer is not None:
+                stats = s.proposer.stats(i)
+                s.metrics.draft_forwards, s.metrics.draft_seconds = stats.forwards, stats.seconds
+            s.out.extend(new)
+            if reason is not None:
+                s.result.finish_reason = reason
+                s.metrics.finish()
+            steps.append(Step(s, new, drafts[i].numel(), n))
+        for s in seqs:
+            if s.result.finish_reason is not None:
+                self.remove(s)
+        return steps
+
+
+def _unbatch(verified) -> list[tuple[int, list[int]]]:
+    """Verified -> per row (num_accepted, the tokens it emits)."""
+    ns = verified.num_accepted.tolist()
+    return [(n, row[: n + 1]) for n, row in zip(ns, verified.tokens.tolist())]
+
+
+def as_proposer(proposer: Proposer | SequenceProposer | None) -> Proposer | None:
+    """A SequenceProposer instance serves one sequence; the round speaks to proposers by row."""
+    if isinstance(proposer, SequenceProposer):
+        return PerRow(lambda: proposer)
+    return proposer
 
 
 def stream(
     target: CausalLM,
     prompt: list[int],
     params: GenerationParams,
-    proposer: Proposer | None = None,
+    proposer: Proposer | SequenceProposer | None = None,
     *,
     result: Generation | None = None,
     stop_fn: StopFn | None = None,
-    verifier: Verifier = verify_chain,
+    verifier: ChainVerifier = verify_chain,
 ) -> Iterator[list[int]]:
-    """Yield the new tokens of each round; `result` receives ids, finish reason and metrics."""
+    """Yield the new tokens of each round of one sequence (a Batch of one row); `result` receives ids, finish
+    reason and metrics. A proposer built for one row (strategies.make_proposer's default) serves it."""
     if not prompt:
         raise ValueError("the prompt is empty")
-    result = result if result is not None else Generation()
-    metrics = result.metrics = RequestMetrics(gamma=params.gamma if proposer else 0, prompt_tokens=len(prompt))
-    sampling, device = params.sampling, target.device
-    generator = make_generator(params.seed, device)
-    cache = target.new_cache(len(prompt) + params.max_new_tokens + params.gamma + 2)
-    if len(prompt) + params.max_new_tokens > cache.max_len:
-        raise ValueError(f"prompt ({len(prompt)}) + max new tokens exceeds the model's context ({cache.max_len})")
-
-    def forward(tokens: list[int], last_n: int | None = None, **tree) -> torch.Tensor:
-        x = torch.tensor([tokens], dtype=torch.long, device=device)
-        return target.forward(x, cache, last_n=last_n, **tree)[0]  # [T, V]
-
-    if len(prompt) > 1:
-        _, metrics.prefill_seconds = _timed(lambda: forward(prompt[:-1], last_n=1), device)
-        cache.commit(len(prompt) - 1)
-    pending = prompt[-1]
-    if proposer is not None:
-        if hasattr(proposer, "bind_target_cache"):
-            proposer.bind_target_cache(cache)
-        t_reset = time.perf_counter()
-        proposer.reset(prompt)  # a draft model prefills here
-        metrics.proposer_prefill_seconds = time.perf_counter() - t_reset
-
-    out = result.token_ids
-    while True:
-        remaining = params.max_new_tokens - len(out)
-        gamma = min(params.gamma, remaining - 1) if proposer is not None else 0  # drafting past the end is waste
-        if gamma > 0:
-            proposal = proposer.propose(gamma, sampling, generator)
-            draft = proposal.tokens.to(device)
-        else:
-            proposal, draft = None, torch.empty(0, dtype=torch.long, device=device)
-        g = draft.numel()
-        chain = [pending] + draft.tolist()
-        if proposal is not None and proposal.extra is not None and proposal.extra.numel():
-            tree = _extra_layout(g, proposal, device)
-            logits, seconds = _timed(lambda: forward(chain + proposal.extra.tolist(), **tree), device)
-            logits, extra_logits = logits[: g + 1], logits[g + 1 :]
-        else:
-            logits, seconds = _timed(lambda: forward(chain), device)  # [g + 1, V]
-            extra_logits = None
-        metrics.target_seconds += seconds
-        t_verify = time.perf_counter()
-        if sampling.greedy:
-            verified = verify_greedy(draft[None], argmax(logits)[None])
-        else:
-            p = logits_to_probs(logits, sampling)  # [g + 1, V]
-            if proposal is not None and proposal.q is not None:
-                q = proposal.q.to(device)
-            else:  # deterministic proposal: one-hot q
-                q = torch.zeros(g, p.shape[-1], device=device).scatter_(-1, draft[:, None], 1.0)
-            verified = verifier(draft[None], p[None], q[None], generator)
-        n = int(verified.num_accepted[0])  # (a device sync: the verify time below includes its kernels)
-        metrics.verify_seconds += time.perf_counter() - t_verify
-        emitted = verified.tokens[0, : n + 1].tolist()
-        cache.commit(n + 1)  # pending + the accepted drafts; the recovered/bonus token is the new pending
-        pending = emitted[-1]
-        if extra_logits is not None:
-            proposer.observe(n, emitted, extra_logits=extra_logits)
-        elif proposer is not None:
-            proposer.observe(n, emitted)
-
-        # Stop conditions, applied to what this round emitted.
-        keep, reason = len(emitted), None
-        for i, tok in enumerate(emitted):
-            if tok in params.eos_ids:
-                keep, reason = i, "eos"
-                break
-        if reason is None and len(out) + keep >= params.max_new_tokens:
-            keep, reason = params.max_new_tokens - len(out), "length"
-        new = emitted[:keep]
-        if stop_fn is not None and new:
-            cut = stop_fn(out + new)
-            if cut is not None:
-                new, reason = (out + new)[len(out) : cut] if cut > len(out) else [], "stop"
-        metrics.record_round(g, n, len(new))
-        if proposer is not None:
-            metrics.draft_forwards = getattr(proposer, "forwards", 0)
-            metrics.draft_seconds = getattr(proposer, "seconds", 0.0)
-        out.extend(new)
-        if new:
-            yield new
-        if reason is not None:
-            result.finish_reason = reason
-            metrics.finish()
-            return
+    # Scratch for the widest verification forward (gamma + 1 tokens, +1 spare); a lookahead window fits where the
+    # remaining length leaves room, and is left out of the last rounds otherwise.
+    batch = Batch(target, 1, len(prompt) + params.max_new_tokens, slack=params.gamma + 2, verifier=verifier)
+    seq = batch.add(prompt, params, as_proposer(proposer), stop_fn=stop_fn, result=result)
+    while batch.live:
+        for step in batch.round():
+            if step.new:
+                yield step.new
+    if seq.result.error is not None:
+        raise seq.result.error
 
 
 def generate(
     target: CausalLM,
     prompt: list[int],
     params: GenerationParams,
-    proposer: Proposer | None = None,
+    proposer: Proposer | SequenceProposer | None = None,
     **kwargs,
 ) -> Generation:
     result = Generation()

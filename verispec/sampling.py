@@ -13,9 +13,18 @@ import torch
 from torch import Tensor
 
 
+# The smallest normal float32: below it the temperature itself would round to 0 (or a subnormal) in float32.
+MIN_TEMPERATURE = 1.1754943508222875e-38
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy (exact argmax); top_k 0 and top_p 1.0 mean "off"."""
+    """temperature 0 means greedy (exact argmax); top_k 0 and top_p 1.0 mean "off".
+
+    Every finite value the checks below accept is safe: logits are shifted by their maximum before the
+    temperature divides them (so no temperature overflows the softmax into NaN), a temperature too small for
+    float32 (below MIN_TEMPERATURE) is greedy, its limit, and top_p always keeps the most likely token.
+    """
 
     temperature: float = 0.0
     top_k: int = 0
@@ -31,7 +40,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < MIN_TEMPERATURE
 
 
 def argmax(logits: Tensor) -> Tensor:
@@ -49,7 +58,7 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     logits = logits.float()
     if params.greedy:
         return torch.zeros_like(logits).scatter_(-1, argmax(logits)[..., None], 1.0)
-    logits = logits / params.temperature
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / params.temperature  # the maximum becomes 0
     if 0 < params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, -math.inf)

@@ -1,7 +1,8 @@
-"""Drafting strategies by name: what `--strategy` selects in `generate` and `bench`.
+"""Drafting strategies by name: what `--strategy` selects in `generate`, `bench` and `serve`.
 
-A strategy turns the loaded models into a fresh `Proposer` for one request (or None: plain decoding).
-Adding a proposer means adding one entry here; the engine, verifier and bench stay as they are.
+A strategy turns the loaded models into a `Proposer` (or None: plain decoding) that serves up to `rows`
+sequences of up to `max_len` tokens at once: one row for `generate`, the server's batch for `serve`.
+Adding a proposer means adding one entry here; the round, verifier, bench and server stay as they are.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
 from verispec.proposers.adaptive import AdaptiveGammaProposer
-from verispec.proposers.base import Proposer
+from verispec.proposers.base import PerRow, Proposer
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.layerskip import LayerSkipProposer, load_calibration, model_id
 from verispec.proposers.lookahead import LookaheadProposer
@@ -43,20 +44,28 @@ class Strategy:
     name: str
     needs_draft: bool
     help: str
-    # (target, draft or None, max sequence length, options) -> a proposer for one request, or None
-    build: Callable[[LoadedModel, LoadedModel | None, int, StrategyOptions], Proposer | None]
+    # (target, draft or None, Size, options) -> a proposer, or None
+    build: Callable[[LoadedModel, LoadedModel | None, "Size", StrategyOptions], Proposer | None]
 
 
-def _draft(target: LoadedModel, draft: LoadedModel | None, max_len: int, options: StrategyOptions,
+@dataclass(frozen=True)
+class Size:
+    rows: int  # sequences served at once
+    max_len: int  # tokens of the longest sequence (prompt + new tokens)
+    max_gamma: int  # the longest proposal asked for
+
+
+def _draft(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions,
            confidence: float = 0.0) -> DraftModelProposer:
     assert draft is not None
     if options.draft_confidence is not None:
         confidence = options.draft_confidence
-    return DraftModelProposer(draft.model, max_len, vocab_size=target.model.vocab_size, confidence=confidence)
+    return DraftModelProposer(draft.model, size.max_len, vocab_size=target.model.vocab_size, confidence=confidence,
+                              rows=size.rows, max_gamma=size.max_gamma)
 
 
-def _adaptive(target: LoadedModel, draft: LoadedModel | None, max_len: int, options: StrategyOptions) -> Proposer:
-    return AdaptiveGammaProposer(_draft(target, draft, max_len, options, confidence=ADAPTIVE_CONFIDENCE))
+def _adaptive(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
+    return AdaptiveGammaProposer(_draft(target, draft, size, options, confidence=ADAPTIVE_CONFIDENCE))
 
 
 def _native(target: LoadedModel, strategy: str) -> LlamaModel:
@@ -68,7 +77,7 @@ def _native(target: LoadedModel, strategy: str) -> LlamaModel:
     return target.model
 
 
-def _layerskip(target: LoadedModel, draft: LoadedModel | None, max_len: int, options: StrategyOptions) -> Proposer:
+def _layerskip(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
     model = _native(target, "layerskip")
     layers = options.layerskip_layers
     if layers is None:
@@ -77,19 +86,23 @@ def _layerskip(target: LoadedModel, draft: LoadedModel | None, max_len: int, opt
     return LayerSkipProposer(model, layers)
 
 
-def _lookahead(target: LoadedModel, draft: LoadedModel | None, max_len: int, options: StrategyOptions) -> Proposer:
+def _lookahead(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
     _native(target, "lookahead")  # the window needs positions and a tree mask in the target forward
-    return LookaheadProposer(options.lookahead_window, options.lookahead_ngram, options.lookahead_candidates)
+    w, n, g = options.lookahead_window, options.lookahead_ngram, options.lookahead_candidates
+    LookaheadProposer(w, n, g)  # check the options now, not at the first request
+    return PerRow(lambda: LookaheadProposer(w, n, g))
 
 
-def _ngram(target: LoadedModel, draft: LoadedModel | None, max_len: int, options: StrategyOptions) -> Proposer:
-    return NgramProposer(options.ngram_max, min(options.ngram_min or 2, options.ngram_max))
+def _ngram(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
+    most, least = options.ngram_max, min(options.ngram_min or 2, options.ngram_max)
+    NgramProposer(most, least)
+    return PerRow(lambda: NgramProposer(most, least))
 
 
-def _draft_ngram(target: LoadedModel, draft: LoadedModel | None, max_len: int, options: StrategyOptions) -> Proposer:
+def _draft_ngram(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
     least = min(options.ngram_min or 3, options.ngram_max)
-    ngram = NgramProposer(options.ngram_max, least)
-    return DraftNgramProposer(_draft(target, draft, max_len, options), ngram, min_match=least)
+    NgramProposer(options.ngram_max, least)
+    return DraftNgramProposer(_draft(target, draft, size, options), options.ngram_max, min_match=least)
 
 
 STRATEGIES: dict[str, Strategy] = {
@@ -115,9 +128,11 @@ def get(name: str) -> Strategy:
 
 
 def make_proposer(
-    name: str, target: LoadedModel, draft: LoadedModel | None, max_len: int, options: StrategyOptions = StrategyOptions()
+    name: str, target: LoadedModel, draft: LoadedModel | None, max_len: int, options: StrategyOptions = StrategyOptions(),
+    *, rows: int = 1, max_gamma: int = 16,
 ) -> Proposer | None:
+    """A proposer for `rows` sequences of up to max_len tokens and proposals of up to max_gamma tokens."""
     strategy = get(name)
     if strategy.needs_draft and draft is None:
         raise ValueError(f"strategy {name!r} needs a draft model")
-    return strategy.build(target, draft, max_len, options)
+    return strategy.build(target, draft, Size(rows, max_len, max_gamma), options)

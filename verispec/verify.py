@@ -21,10 +21,13 @@ num_accepted = 2 and tokens = (a, b, r, *) with r ~ normalize(max(0, p_2 - q_2))
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from verispec.sampling import SamplingParams, argmax, logits_to_probs
 
 
 @dataclass(frozen=True)
@@ -81,3 +84,34 @@ def verify_greedy(draft: Tensor, target_argmax: Tensor) -> Verified:
     match = draft == target_argmax[:, :gamma]
     num_accepted = match.long().cumprod(-1).sum(-1)
     return Verified(num_accepted=num_accepted, tokens=target_argmax.clone())
+
+
+ChainVerifier = Callable[[Tensor, Tensor, Tensor, "torch.Generator | None"], Verified]
+
+
+def verify(drafts: list[Tensor], logits: list[Tensor], qs: list[Tensor | None], sampling: list[SamplingParams],
+           generators: list[torch.Generator], chain: ChainVerifier = verify_chain) -> Verified:
+    """Every row of a round in one call: the entry point the round uses.
+
+    Row b proposed drafts[b] [g_b] (g_b may be 0) with proposal probs qs[b] [g_b, V] (None: a deterministic
+    proposal, verified against one-hot q); logits[b] [g_b + 1, V] are the target's at [pending] + drafts[b].
+    Greedy rows follow verify_greedy; the others are processed with their own SamplingParams and verified by
+    `chain` (verify_chain; tests pass broken variants) drawing from their own generator, so a row's randomness
+    never depends on the rows beside it. Returns num_accepted [B] and tokens [B, max g_b + 1] (row b emits
+    tokens[b, : num_accepted[b] + 1]).
+    """
+    width = 1 + max((int(d.numel()) for d in drafts), default=0)
+    num_accepted, tokens = [], []
+    for draft, lg, q, params, generator in zip(drafts, logits, qs, sampling, generators):
+        g = draft.numel()
+        draft = draft.to(lg.device)
+        if params.greedy:
+            row = verify_greedy(draft[None], argmax(lg)[None])
+        else:
+            p = logits_to_probs(lg, params)  # [g + 1, V]
+            if q is None:  # deterministic proposal: one-hot q (g = 0 gives an empty q)
+                q = torch.zeros(g, p.shape[-1], device=p.device).scatter_(-1, draft[:, None], 1.0)
+            row = chain(draft[None], p[None], q.to(p.device)[None], generator)
+        num_accepted.append(row.num_accepted[0])
+        tokens.append(torch.nn.functional.pad(row.tokens[0], (0, width - g - 1)))
+    return Verified(num_accepted=torch.stack(num_accepted), tokens=torch.stack(tokens))

@@ -25,7 +25,8 @@ def add_parser(sub, default_target: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from verispec.bench.suite import load_prompts
     from verispec.models.load import default_threads, load
-    from verispec.proposers.layerskip import calibrate, model_id, save_calibration
+    from verispec.calibrate import calibrate
+    from verispec.proposers.layerskip import model_id, save_calibration
 
     candidates = int_list(args.candidates, "--candidates") if args.candidates else None
     if args.gamma < 1 or args.max_new_tokens < 1 or args.limit < 1:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from verispec.cache import KVCache
+from verispec.cache import BatchKVCache, KVCache
 
 
 @dataclass(frozen=True)
@@ -207,6 +207,14 @@ class LlamaModel(nn.Module):
         return KVCache(
             self.cfg.num_hidden_layers, self.cfg.num_key_value_heads, self.cfg.head_dim, max_len,
             batch=batch, dtype=self.attention_dtype, device=self.device,
+        )
+
+    def new_batch_cache(self, rows: int, max_len: int, slack: int) -> BatchKVCache:
+        """A cache of `rows` sequences of up to max_len tokens (capped at the context) + `slack` scratch slots."""
+        cfg = self.cfg
+        return BatchKVCache(
+            cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, min(max_len, cfg.max_position_embeddings),
+            rows=rows, slack=slack, dtype=self.attention_dtype, device=self.device,
         )
 
     @torch.inference_mode()

@@ -1,14 +1,33 @@
-"""The one small interface every drafting method implements."""
+"""The one small interface every drafting method implements, for a batch of rows.
+
+The round (verispec.engine.Batch.round) addresses sequences by their row in the target's cache. A proposer
+serves any number of rows at once:
+
+    reset(row, prompt, target)       a sequence starts in `row`; the target cache row holds the prompt but its
+                                     last token (a self-speculating proposer drafts in it; others ignore it)
+    propose(rows, gammas, ...)       up to gammas[i] tokens for each of `rows`, in as few forwards as it can
+    observe(row, outcome)            the round's outcome for one row
+    move(src, dst) / free(row)       the round keeps live rows packed at 0 .. n-1
+    stats(row)                       draft forwards and seconds spent for the row's sequence
+
+Methods that keep one sequence's state and have no use for batching (prompt lookup, lookahead, test doubles)
+implement the smaller `SequenceProposer` instead; `PerRow` serves them behind `Proposer`, one instance per row.
+"""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
 
 from verispec.sampling import SamplingParams
+
+if TYPE_CHECKING:  # the round's model over cache rows (verispec.batch imports the models, not the proposers)
+    from verispec.batch import Rows
 
 
 @dataclass
@@ -23,26 +42,88 @@ class Proposal:
     #   extra            [E] token ids
     #   extra_positions  [E] position offsets, counted from the pending token (pending 0, draft i at i + 1)
     #   extra_mask       [E, 1 + gamma' + E] bool: which of the forward's new tokens each extra token sees
-    # Their logits come back as observe(..., extra_logits=[E, V]). The chain never sees them, so they cannot
-    # change what is verified; their cache slots are scratch that the next forward overwrites.
+    # Their logits come back in Outcome.extra_logits [E, V]. The chain never sees them, so they cannot change
+    # what is verified; their cache slots are scratch that the next forward overwrites. The round leaves them
+    # out (and extra_logits is None) when the row's cache has no room for them.
     extra: Tensor | None = None
     extra_positions: Tensor | None = None
     extra_mask: Tensor | None = None
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """One row's round: the first num_accepted proposed tokens were kept, and `emitted` (those accepted tokens
+    plus the recovered/bonus one) now follows the sequence."""
+
+    num_accepted: int
+    emitted: list[int]
+    extra_logits: Tensor | None = None
+
+
+@dataclass
+class ProposerStats:
+    forwards: int = 0  # draft model (or draft layer) forwards
+    seconds: float = 0.0  # time spent drafting
+
+
 class Proposer(Protocol):
+    def reset(self, row: int, prompt: list[int], target: "Rows") -> None: ...
+
+    def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
+                generators: list[torch.Generator]) -> list[Proposal]: ...
+
+    def observe(self, row: int, outcome: Outcome) -> None: ...
+
+    def move(self, src: int, dst: int) -> None: ...
+
+    def free(self, row: int) -> None: ...
+
+    def stats(self, row: int) -> ProposerStats: ...
+
+
+class SequenceProposer(ABC):
+    """A proposer for one sequence; `stats` is its running count (reset() starts it afresh)."""
+
+    def __init__(self) -> None:
+        self.stats = ProposerStats()
+
+    @abstractmethod
     def reset(self, prompt: list[int]) -> None:
         """Start a new sequence whose tokens so far are `prompt`."""
 
+    @abstractmethod
     def propose(self, gamma: int, sampling: SamplingParams, generator: torch.Generator) -> Proposal:
         """Guess up to gamma tokens that follow the sequence so far."""
 
-    def observe(self, num_accepted: int, emitted: list[int]) -> None:
-        """The round's outcome: the first num_accepted proposed tokens were kept, and `emitted` (those
-        accepted tokens plus the recovered/bonus one) now follows the sequence. A proposal with `extra`
-        tokens is answered with observe(num_accepted, emitted, extra_logits=...)."""
+    @abstractmethod
+    def observe(self, num_accepted: int, emitted: list[int], extra_logits: Tensor | None = None) -> None:
+        """The round's outcome (the fields of Outcome)."""
 
 
-# Optional, for proposers that draft with the target's own weights (self-speculation): the engine calls
-# `proposer.bind_target_cache(cache)` before `reset`, handing over the target's KV cache. Such a proposer may
-# write past cache.length (scratch) but must leave cache.length as it found it when propose() returns.
+class PerRow:
+    """A Proposer over SequenceProposers: `factory()` makes one for each sequence that starts."""
+
+    def __init__(self, factory: Callable[[], SequenceProposer]) -> None:
+        self.factory = factory
+        self.by_row: dict[int, SequenceProposer] = {}
+
+    def reset(self, row: int, prompt: list[int], target: "Rows") -> None:
+        proposer = self.factory()
+        proposer.reset(prompt)
+        self.by_row[row] = proposer
+
+    def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
+                generators: list[torch.Generator]) -> list[Proposal]:
+        return [self.by_row[r].propose(g, s, gen) for r, g, s, gen in zip(rows, gammas, sampling, generators)]
+
+    def observe(self, row: int, outcome: Outcome) -> None:
+        self.by_row[row].observe(outcome.num_accepted, outcome.emitted, outcome.extra_logits)
+
+    def move(self, src: int, dst: int) -> None:
+        self.by_row[dst] = self.by_row.pop(src)
+
+    def free(self, row: int) -> None:
+        self.by_row.pop(row, None)
+
+    def stats(self, row: int) -> ProposerStats:
+        return self.by_row[row].stats

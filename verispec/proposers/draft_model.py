@@ -1,112 +1,148 @@
-"""Drafting with a separate, smaller model that shares the target's vocabulary."""
+"""Drafting with a smaller model that shares the target's vocabulary, for any number of rows at once.
+
+`draft_steps` is the one draft loop: it feeds each row's pending tokens, then one token a step, through a
+`Rows` model (the draft model's own cache here; the target's cache, cut to its first layers, in layer-skip
+self-speculation), all live rows in one forward per step. On a memory-bound CPU or GPU, k rows cost little more
+than one, so batching keeps speculation worth it as the server's batch grows.
+"""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
+from verispec.batch import Rows, make_rows, prefill
 from verispec.models.base import CausalLM
-from verispec.proposers.base import Proposal
+from verispec.proposers.base import Outcome, Proposal, ProposerStats
 from verispec.sampling import SamplingParams, argmax, logits_to_probs, sample
 
 
-class DraftModelProposer:
-    """Keeps its own KV cache in step with the sequence.
+def to_vocab(logits: Tensor, vocab_size: int) -> Tensor:
+    """A draft's logits [..., V_draft] on the target's vocabulary: extra rows cut, missing ids at -inf."""
+    if logits.shape[-1] > vocab_size:
+        return logits[..., :vocab_size]
+    if logits.shape[-1] < vocab_size:  # ids the draft lacks get probability 0
+        return torch.nn.functional.pad(logits, (0, vocab_size - logits.shape[-1]), value=float("-inf"))
+    return logits
 
-    Invariant between rounds: the cache holds every token of the sequence except `pending` (one token,
-    or two after a round in which all drafts were accepted: the last draft, which was never fed to the
+
+@dataclass
+class Drafted:
+    proposals: list[Proposal]
+    fed: list[int]  # slots each row's steps wrote past its committed length (all rolled back on return)
+
+
+def draft_steps(model: Rows, rows: list[int], feeds: list[list[int]], gammas: list[int],
+                sampling: list[SamplingParams], generators: list[torch.Generator], stats: dict[int, ProposerStats],
+                *, vocab_size: int, confidence: float = 0.0, layers: int | None = None) -> Drafted:
+    """Draft up to gammas[i] tokens for rows[i], whose next input is feeds[i] (its pending tokens).
+
+    Each step runs every row still drafting in one forward and commits what it fed provisionally, so the next
+    step sees it; on return every row's committed length is what it was on entry. A row stops early after a
+    token the draft gave less than `confidence` (the proposal's length then depends on the draft alone, so the
+    output distribution is untouched). stats[row] receives forwards and a share of each step's seconds.
+    """
+    base = [model.length(r) for r in rows]
+    tokens: list[list[int]] = [[] for _ in rows]
+    qs: list[list[Tensor]] = [[] for _ in rows]
+    feed = list(feeds)
+    live = [i for i, g in enumerate(gammas) if g > 0]
+    try:
+        while live:
+            t0 = time.perf_counter()
+            logits = model.forward([rows[i] for i in live], [feed[i] for i in live], last_only=True, layers=layers)
+            still = []
+            for j, i in enumerate(live):
+                model.commit(rows[i], len(feed[i]))  # provisional; rolled back below
+                last = to_vocab(logits[j][-1], vocab_size)  # [V]
+                if sampling[i].greedy:
+                    token = int(argmax(last))
+                    sure = confidence == 0.0 or float(torch.softmax(last.float(), -1)[token]) >= confidence
+                else:
+                    q = logits_to_probs(last, sampling[i])
+                    token = int(sample(q, generators[i]))
+                    qs[i].append(q)
+                    sure = float(q[token]) >= confidence
+                tokens[i].append(token)
+                feed[i] = [token]
+                if sure and len(tokens[i]) < gammas[i]:
+                    still.append(i)
+            share = (time.perf_counter() - t0) / len(live)
+            for i in live:
+                stats[rows[i]].forwards += 1
+                stats[rows[i]].seconds += share
+            live = still
+    finally:
+        fed = [model.length(r) - b for r, b in zip(rows, base)]
+        for r, n in zip(rows, fed):
+            model.rollback(r, n)
+    proposals = [Proposal(tokens=torch.tensor(t, dtype=torch.long), q=torch.stack(q) if q else None)
+                 for t, q in zip(tokens, qs)]
+    return Drafted(proposals, fed)
+
+
+class DraftModelProposer:
+    """A draft model with its own KV cache of `rows` rows, kept in step with each row's sequence.
+
+    Invariant between rounds, per row: the draft cache holds every token of the sequence except `pending` (one
+    token, or two after a round in which all drafts were accepted: the last draft, which was never fed to the
     draft model, and the bonus token). The next round feeds `pending` in a single forward, so the draft
     catches up without re-running the prefix.
     """
 
-    def __init__(self, model: CausalLM, max_len: int, vocab_size: int | None = None, confidence: float = 0.0) -> None:
-        """confidence: stop drafting after a token the draft itself gave less than this probability (0: always
-        draft the gamma asked for). Where the draft is unsure the next guesses are likely wasted draft forwards;
-        the proposal length depends on the draft alone, so this cannot change the output distribution."""
+    def __init__(self, model: CausalLM, max_len: int, vocab_size: int | None = None, confidence: float = 0.0,
+                 *, rows: int = 1, max_gamma: int = 16) -> None:
+        """max_len: tokens of the longest sequence; confidence: stop drafting after a token the draft itself gave
+        less than this probability (0: always draft the gamma asked for), see draft_steps."""
         if not 0.0 <= confidence <= 1.0:
             raise ValueError(f"draft confidence must be in [0, 1], got {confidence}")
         self.confidence = confidence
         self.model = model
         self.vocab_size = vocab_size or model.vocab_size  # the target's; embedding tables may be padded
-        self.cache = model.new_cache(max_len)
+        self.cache = make_rows(model, rows, max_len, slack=max_gamma + 2)
         self.max_len = self.cache.max_len  # the model may cap it at its context length
-        self.pending: list[int] = []
-        self.fed = 0  # tokens written to the cache in the current round beyond the committed length
-        self.forwards = 0
-        self.seconds = 0.0
+        self.pending: dict[int, list[int]] = {}
+        self.fed: dict[int, int] = {}  # slots written past the committed length in the row's current round
+        self._stats: dict[int, ProposerStats] = {}
 
-    def reset(self, prompt: list[int]) -> None:
-        self.cache.reset()
-        if len(prompt) > 1:
-            self._forward(prompt[:-1], last_n=1)
-            self.cache.commit(len(prompt) - 1)
-        self.pending = prompt[-1:]
-        self.forwards, self.seconds = 0, 0.0  # count drafting only, not the prefill
+    def reset(self, row: int, prompt: list[int], target: Rows | None = None) -> None:
+        prefill(self.cache, row, prompt[:-1])
+        self.pending[row], self.fed[row] = prompt[-1:], 0
+        self._stats[row] = ProposerStats()  # count drafting only, not the prefill
 
-    def _forward(self, tokens: list[int], last_n: int) -> torch.Tensor:
-        t0 = time.perf_counter()
-        x = torch.tensor([tokens], dtype=torch.long, device=self.model.device)
-        logits = self.model.forward(x, self.cache, last_n=last_n)[0, -1]  # [V_draft]
-        if logits.shape[-1] > self.vocab_size:
-            logits = logits[: self.vocab_size]
-        elif logits.shape[-1] < self.vocab_size:  # ids the draft lacks get probability 0
-            logits = torch.nn.functional.pad(logits, (0, self.vocab_size - logits.shape[-1]), value=float("-inf"))
-        self.seconds += time.perf_counter() - t0
-        self.forwards += 1
-        return logits
+    def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
+                generators: list[torch.Generator]) -> list[Proposal]:
+        gammas = [min(g, self.max_len - self.cache.length(r) - len(self.pending[r]) - 1) for r, g in zip(rows, gammas)]
+        drafted = draft_steps(self.cache, rows, [self.pending[r] for r in rows], gammas, sampling, generators,
+                              self._stats, vocab_size=self.vocab_size, confidence=self.confidence)
+        for r, n in zip(rows, drafted.fed):
+            self.fed[r] = n
+        return drafted.proposals
 
-    def propose(self, gamma: int, sampling: SamplingParams, generator: torch.Generator) -> Proposal:
-        gamma = min(gamma, self.max_len - self.cache.length - len(self.pending) - 1)
-        self.fed = 0
-        if gamma <= 0:
-            return Proposal(tokens=torch.empty(0, dtype=torch.long))
-        base = self.cache.length
-        tokens: list[int] = []
-        qs: list[torch.Tensor] = []
-        feed = self.pending
-        for _ in range(gamma):
-            logits = self._forward(feed, last_n=1)
-            self.cache.commit(len(feed))  # provisional; undone in observe()
-            if sampling.greedy:
-                token = int(argmax(logits))
-                sure = self.confidence == 0.0 or float(torch.softmax(logits.float(), -1)[token]) >= self.confidence
-            else:
-                q = logits_to_probs(logits, sampling)
-                token = int(sample(q, generator))
-                qs.append(q)
-                sure = float(q[token]) >= self.confidence
-            tokens.append(token)
-            feed = [token]
-            if not sure:
-                break
-        self.fed = self.cache.length - base
-        self.cache.rollback(self.fed)
-        q_all = torch.stack(qs) if qs else None
-        return Proposal(tokens=torch.tensor(tokens, dtype=torch.long), q=q_all)
-
-    def observe(self, num_accepted: int, emitted: list[int]) -> None:
+    def observe(self, row: int, outcome: Outcome) -> None:
         # The cache holds (uncommitted) pending + drafts[:gamma-1]. Keep pending + the accepted drafts that
         # were fed; whatever was emitted beyond that becomes the new pending.
         # Worked example, pending [a], gamma 3, drafts (x, y, z): fed [a, x, y].
         #   2 accepted, emitted [x, y, r] -> keep 3 ([a, x, y]), pending [r]
         #   3 accepted, emitted [x, y, z, b] -> keep 3, pending [z, b]
-        keep = min(len(self.pending) + num_accepted, self.fed)
-        self.cache.commit(keep)
-        self.pending = (self.pending + emitted)[keep:]
-        self.fed = 0
+        # A round in which this row did not draft (fed 0) keeps nothing and queues all it emitted.
+        keep = min(len(self.pending[row]) + outcome.num_accepted, self.fed[row])
+        self.cache.commit(row, keep)
+        self.pending[row] = (self.pending[row] + outcome.emitted)[keep:]
+        self.fed[row] = 0
 
+    def move(self, src: int, dst: int) -> None:
+        self.cache.move(src, dst)
+        for state in (self.pending, self.fed, self._stats):
+            state[dst] = state.pop(src)
 
-class WrapsDraftModel:
-    """For proposers built around a DraftModelProposer (`self.draft`): the engine reads the draft forwards and
-    seconds from the proposer it holds, so they are passed through."""
+    def free(self, row: int) -> None:
+        self.cache.free(row)
+        for state in (self.pending, self.fed, self._stats):
+            state.pop(row, None)
 
-    draft: DraftModelProposer
-
-    @property
-    def forwards(self) -> int:
-        return self.draft.forwards
-
-    @property
-    def seconds(self) -> float:
-        return self.draft.seconds
+    def stats(self, row: int) -> ProposerStats:
+        return self._stats[row]

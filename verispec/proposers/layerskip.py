@@ -19,7 +19,7 @@ Why sharing the cache is exact, with no catch-up and no separate prefill:
 Nothing the proposer writes can outlive its round, so it can change speed, never the output: verification is
 the ordinary chain rule against p.
 
-`calibrate` picks ℓ per model by measuring greedy tokens/s through the engine; the choice is saved as JSON
+`verispec.calibrate.calibrate` picks ℓ per model by measuring greedy tokens/s through the engine; the choice is saved as JSON
 under the cache dir and used when no ℓ is given (else half the layers).
 
 Expect little from a model never trained for early exit (LayerSkip trains for it; Draft & Verify skips middle
@@ -31,26 +31,22 @@ model's greedy token on ~0% of code tokens up to ℓ = 8, ~5% at 14, ~80% at 24,
 from __future__ import annotations
 
 import json
-import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from verispec.cache import KVCache
+from verispec.batch import Rows
 from verispec.models.llama import LlamaModel
-from verispec.proposers.base import Proposal
-from verispec.sampling import SamplingParams, argmax, logits_to_probs, sample
+from verispec.proposers.base import Outcome, Proposal, ProposerStats
+from verispec.proposers.draft_model import draft_steps
+from verispec.sampling import SamplingParams
 
 
 class LayerSkipProposer:
-    """q = the target's first `layers` blocks + final norm + LM head, drafting in the target's KV cache.
-
-    The engine must call bind_target_cache(cache) (it does, before reset) and keep its invariant: the cache
-    holds the whole sequence except the pending token.
-    """
+    """q = the target's first `layers` blocks + final norm + LM head, drafting in the target's KV cache rows
+    (handed over by reset), with the draft loop every draft model uses (draft_model.draft_steps)."""
 
     def __init__(self, model: LlamaModel, layers: int) -> None:
         if not isinstance(model, LlamaModel):
@@ -63,58 +59,40 @@ class LayerSkipProposer:
             raise ValueError(f"layer-skip layers must be in 1..{n} for this model, got {layers}")
         self.model, self.layers = model, layers
         self.vocab_size = model.vocab_size
-        self.cache: KVCache | None = None
-        self.pending: int | None = None
-        self.forwards = 0
-        self.seconds = 0.0
+        self.target: Rows | None = None
+        self.pending: dict[int, int] = {}
+        self._stats: dict[int, ProposerStats] = {}
 
-    def bind_target_cache(self, cache: KVCache) -> None:
-        self.cache = cache
+    def reset(self, row: int, prompt: list[int], target: Rows) -> None:
+        if target.model is not self.model:
+            raise ValueError("layer-skip drafts in the target's own cache: reset it with the target's rows")
+        assert target.length(row) == len(prompt) - 1, "the target cache must hold the prompt but its last token"
+        self.target = target
+        self.pending[row] = prompt[-1]
+        self._stats[row] = ProposerStats()
 
-    def reset(self, prompt: list[int]) -> None:
-        if self.cache is None:
-            raise RuntimeError("LayerSkipProposer drafts in the target's cache: call bind_target_cache first")
-        assert self.cache.length == len(prompt) - 1, "the target cache must hold the prompt but its last token"
-        self.pending = prompt[-1]
-        self.forwards, self.seconds = 0, 0.0
+    def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
+                generators: list[torch.Generator]) -> list[Proposal]:
+        target = self.target
+        # the verification forward needs gamma + 1 slots and commits at most gamma + 1 of them
+        gammas = [min(g, target.max_len - target.length(r) - 1) for r, g in zip(rows, gammas)]
+        return draft_steps(target, rows, [[self.pending[r]] for r in rows], gammas, sampling, generators,
+                           self._stats, vocab_size=self.vocab_size, layers=self.layers).proposals
 
-    def _draft_logits(self, token: int) -> torch.Tensor:
-        """Feed one token through the first ℓ layers at slot cache.length; logits [V] of the next token."""
-        t0 = time.perf_counter()
-        x = torch.tensor([[token]], dtype=torch.long, device=self.model.device)
-        logits = self.model.forward(x, self.cache, last_n=1, layers=self.layers)[0, -1]  # [V]
-        self.seconds += time.perf_counter() - t0
-        self.forwards += 1
-        return logits
-
-    def propose(self, gamma: int, sampling: SamplingParams, generator: torch.Generator) -> Proposal:
-        cache = self.cache
-        gamma = min(gamma, cache.max_len - cache.length - 1)  # the verification forward needs gamma + 1 slots
-        if gamma <= 0:
-            return Proposal(tokens=torch.empty(0, dtype=torch.long))
-        base = cache.length
-        tokens: list[int] = []
-        qs: list[torch.Tensor] = []
-        feed = self.pending
-        try:
-            for _ in range(gamma):
-                logits = self._draft_logits(feed)
-                cache.commit(1)  # provisional: the next draft step must see this one
-                if sampling.greedy:
-                    token = int(argmax(logits))
-                else:
-                    q = logits_to_probs(logits, sampling)  # [V]
-                    token = int(sample(q, generator))
-                    qs.append(q)
-                tokens.append(token)
-                feed = token
-        finally:
-            cache.rollback(cache.length - base)  # the engine's verification forward overwrites these slots
-        return Proposal(tokens=torch.tensor(tokens, dtype=torch.long), q=torch.stack(qs) if qs else None)
-
-    def observe(self, num_accepted: int, emitted: list[int]) -> None:
+    def observe(self, row: int, outcome: Outcome) -> None:
         # Nothing to undo or catch up: the verification forward rewrote every slot the target committed.
-        self.pending = emitted[-1]
+        self.pending[row] = outcome.emitted[-1]
+
+    def move(self, src: int, dst: int) -> None:
+        for state in (self.pending, self._stats):
+            state[dst] = state.pop(src)
+
+    def free(self, row: int) -> None:
+        for state in (self.pending, self._stats):
+            state.pop(row, None)
+
+    def stats(self, row: int) -> ProposerStats:
+        return self._stats[row]
 
 
 # ---- calibration: which ℓ is fastest for this model on this machine ------------------------------------------
@@ -122,78 +100,6 @@ def default_candidates(num_layers: int) -> list[int]:
     """A handful of depths between 1/8 and 3/4 of the model, e.g. 28 layers -> [4, 7, 10, 14, 18, 21]."""
     depths = {max(1, round(num_layers * f)) for f in (1 / 8, 1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4)}
     return sorted(d for d in depths if d < num_layers) or [1]
-
-
-def _run(model, prompts: list[list[int]], params, make_proposer) -> dict[str, float | None]:
-    """Greedy generation of every prompt; decode tokens/s excludes the prefill (the same for every ℓ)."""
-    from verispec.engine import generate
-
-    tokens = drafted = accepted = rounds = 0
-    seconds = 0.0
-    for prompt in prompts:
-        m = generate(model, prompt, params, make_proposer()).metrics
-        tokens, rounds = tokens + m.new_tokens, rounds + m.rounds
-        drafted, accepted = drafted + m.drafted, accepted + m.accepted
-        seconds += m.seconds - m.prefill_seconds
-    return {
-        "alpha": accepted / drafted if drafted else None,
-        "mean_accepted_length": tokens / rounds if rounds else None,
-        "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-    }
-
-
-def calibrate(
-    target: Any,
-    prompts: list[list[int]],
-    candidates: list[int] | None = None,
-    *,
-    gamma: int = 4,
-    max_new_tokens: int = 64,
-    log: Callable[[str], None] | None = None,
-) -> dict:
-    """Measure greedy generation through the engine for each ℓ in `candidates` and pick the fastest.
-
-    target: a LoadedModel (or anything with .model, a native LlamaModel, and .tokenizer with .eos_ids);
-    prompts: token ids; candidates: depths to try (default `default_candidates`); log: optional callable(str)
-    told each figure as it is measured.
-    Returns {"best_layers", "gamma", "max_new_tokens", "num_layers", "prompts", "plain_tokens_per_s",
-             "results": [{"layers", "alpha", "mean_accepted_length", "tokens_per_s", "speedup"}, ...]}.
-    Timings are wall clock on this machine: run it on an otherwise idle machine.
-    """
-    from verispec.engine import GenerationParams, generate
-
-    model = target.model
-    if not isinstance(model, LlamaModel):
-        raise ValueError(f"layer-skip calibration needs the native Llama-family model, not {type(model).__name__}")
-    if not prompts:
-        raise ValueError("calibration needs at least one prompt")
-    n = model.cfg.num_hidden_layers
-    candidates = sorted(set(candidates or default_candidates(n)))
-    eos = tuple(getattr(getattr(target, "tokenizer", None), "eos_ids", ()) or ())
-    params = GenerationParams(max_new_tokens=max_new_tokens, gamma=gamma, eos_ids=eos)
-    say = log or (lambda _msg: None)
-
-    generate(model, prompts[0], GenerationParams(max_new_tokens=4, gamma=gamma))  # warm-up (allocations)
-    plain = _run(model, prompts, params, lambda: None)
-    say(f"plain: {plain['tokens_per_s']:.2f} tok/s")
-    results = []
-    for layers in candidates:
-        r = _run(model, prompts, params, lambda: LayerSkipProposer(model, layers))
-        r = {"layers": layers, **r, "speedup": r["tokens_per_s"] / plain["tokens_per_s"]}
-        results.append(r)
-        alpha = "-" if r["alpha"] is None else f"{r['alpha']:.3f}"
-        say(f"layers {layers}: alpha {alpha}, mean accepted length {r['mean_accepted_length']:.2f}, "
-            f"{r['tokens_per_s']:.2f} tok/s ({r['speedup']:.2f}x)")
-    best = max(results, key=lambda r: r["tokens_per_s"])
-    return {
-        "best_layers": best["layers"],
-        "gamma": gamma,
-        "max_new_tokens": max_new_tokens,
-        "num_layers": n,
-        "prompts": len(prompts),
-        "plain_tokens_per_s": plain["tokens_per_s"],
-        "results": results,
-    }
 
 
 CALIBRATION_FILE = "layerskip-calibration.json"

@@ -42,8 +42,7 @@ import random
 import torch
 from torch import Tensor
 
-from verispec.cache import KVCache
-from verispec.proposers.base import Proposal
+from verispec.proposers.base import Proposal, SequenceProposer
 from verispec.sampling import SamplingParams, argmax
 
 
@@ -69,7 +68,7 @@ def window_layout(levels: list[list[int]], chain_len: int) -> tuple[Tensor, Tens
     return tokens, positions, mask
 
 
-class LookaheadProposer:
+class LookaheadProposer(SequenceProposer):
     """Jacobi window (W columns x N-1 levels) + n-gram pool (at most G continuations per first token).
 
     Defaults W=5, N=3, G=5 are the paper's GPU settings (W=15, N=5 for 7B) scaled to a CPU, where extra tokens
@@ -84,22 +83,18 @@ class LookaheadProposer:
             raise ValueError(
                 f"lookahead needs window >= 1, ngram >= 2 and candidates >= 1, got {window}, {ngram}, {max_candidates}"
             )
+        super().__init__()
         self.width, self.ngram, self.max_candidates, self.seed = window, ngram, max_candidates, seed
         self.levels: list[list[int]] = []  # [N-1][W], oldest level first
         self.age: list[int] = []  # [W] Jacobi steps each column has been through since it was filled
         self.pool: dict[int, list[tuple[int, ...]]] = {}  # first token -> continuations, most recent first
         self.seq: list[int] = []  # the whole sequence so far; seq[-1] is the pending token
-        self.cache: KVCache | None = None
         self.sent_window = False
         self.rng = random.Random(seed)
 
     @property
     def n_levels(self) -> int:
         return self.ngram - 1
-
-    def bind_target_cache(self, cache: KVCache) -> None:
-        """Read only: the window's scratch slots must fit after the chain's (see `_window_fits`)."""
-        self.cache = cache
 
     def reset(self, prompt: list[int]) -> None:
         self.seq = list(prompt)
@@ -112,20 +107,11 @@ class LookaheadProposer:
     def _filler(self) -> int:
         return self.rng.choice(self.seq)
 
-    def _window_fits(self, chain_len: int) -> bool:
-        """The forward writes 1 + chain_len + E slots after the committed prefix; near the end of a request
-        the engine's cache may not have room for the window, and then the round runs without it."""
-        if self.cache is None:
-            return True
-        return self.cache.length + 1 + chain_len + self.n_levels * self.width <= self.cache.max_len
-
     def propose(self, gamma: int, sampling: SamplingParams, generator: torch.Generator) -> Proposal:
         candidates = self.pool.get(self.seq[-1], [])
         chain = list(candidates[0][:gamma]) if candidates else []
         tokens = torch.tensor(chain, dtype=torch.long)  # [g], g <= min(gamma, N - 1)
-        self.sent_window = self._window_fits(len(chain))
-        if not self.sent_window:
-            return Proposal(tokens=tokens)
+        self.sent_window = True  # the round leaves the window out where the cache has no room: no extra_logits
         extra, positions, mask = window_layout(self.levels, len(chain))
         return Proposal(tokens=tokens, extra=extra, extra_positions=positions, extra_mask=mask)
 

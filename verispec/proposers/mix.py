@@ -8,39 +8,58 @@ from __future__ import annotations
 
 import torch
 
-from verispec.proposers.base import Proposal
-from verispec.proposers.draft_model import DraftModelProposer, WrapsDraftModel
+from verispec.batch import Rows
+from verispec.proposers.base import Outcome, Proposal, ProposerStats
+from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.ngram import NgramProposer
 from verispec.sampling import SamplingParams
 
 
-class DraftNgramProposer(WrapsDraftModel):
-    """Per round: the n-gram proposal if its suffix match has at least `min_match` tokens, else the draft's.
-
-    Both sub-proposers see every round's outcome. When the n-gram proposal is used the draft model runs no
-    forward, so it has fed nothing this round (fed = 0): its observe then commits nothing and appends the whole
-    emitted text to its pending tokens, which the next round it drafts feeds in one catch-up forward.
+class DraftNgramProposer:
+    """Per round and row: the n-gram proposal if its suffix match has at least `min_match` tokens, else the
+    draft's (the draft model runs once for all rows that need it). Both sub-proposers see every round's outcome.
+    When the n-gram proposal is used the draft model runs no forward for that row, so it has fed nothing this
+    round: its observe then commits nothing and appends the whole emitted text to the row's pending tokens,
+    which the next round it drafts feeds in one catch-up forward.
     """
 
-    def __init__(self, draft: DraftModelProposer, ngram: NgramProposer, min_match: int) -> None:
-        self.draft, self.ngram, self.min_match = draft, ngram, min_match
-        self.used_ngram = False  # which sub-proposer drafted the last round
-        self.ngram_rounds = 0  # rounds drafted by the n-gram lookup (for tests and curiosity)
+    def __init__(self, draft: DraftModelProposer, ngram_max: int, min_match: int) -> None:
+        self.draft, self.ngram_max, self.min_match = draft, ngram_max, min_match
+        self.ngrams: dict[int, NgramProposer] = {}
+        self.ngram_rounds = 0  # rounds (of any row) drafted by the n-gram lookup (for tests and curiosity)
 
-    def reset(self, prompt: list[int]) -> None:
-        self.draft.reset(prompt)
-        self.ngram.reset(prompt)
-        self.used_ngram, self.ngram_rounds = False, 0
+    def reset(self, row: int, prompt: list[int], target: Rows | None = None) -> None:
+        self.draft.reset(row, prompt, target)
+        self.ngrams[row] = NgramProposer(self.ngram_max, self.min_match)
+        self.ngrams[row].reset(prompt)
 
-    def propose(self, gamma: int, sampling: SamplingParams, generator: torch.Generator) -> Proposal:
-        proposal = self.ngram.propose(gamma, sampling, generator)
-        self.used_ngram = proposal.tokens.numel() > 0 and self.ngram.last_match_len >= self.min_match
-        if self.used_ngram:
-            self.draft.fed = 0  # the draft wrote nothing past its committed cache this round
-            self.ngram_rounds += 1
-            return proposal
-        return self.draft.propose(gamma, sampling, generator)
+    def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
+                generators: list[torch.Generator]) -> list[Proposal]:
+        out: list[Proposal | None] = []
+        for r, g, s, gen in zip(rows, gammas, sampling, generators):
+            proposal = self.ngrams[r].propose(g, s, gen)
+            found = proposal.tokens.numel() > 0 and self.ngrams[r].last_match_len >= self.min_match
+            self.ngram_rounds += found
+            out.append(proposal if found else None)
+        rest = [i for i, p in enumerate(out) if p is None]
+        if rest:
+            drafted = self.draft.propose([rows[i] for i in rest], [gammas[i] for i in rest],
+                                         [sampling[i] for i in rest], [generators[i] for i in rest])
+            for i, proposal in zip(rest, drafted):
+                out[i] = proposal
+        return out  # type: ignore[return-value]
 
-    def observe(self, num_accepted: int, emitted: list[int]) -> None:
-        self.ngram.observe(num_accepted, emitted)
-        self.draft.observe(num_accepted, emitted)
+    def observe(self, row: int, outcome: Outcome) -> None:
+        self.ngrams[row].observe(outcome.num_accepted, outcome.emitted)
+        self.draft.observe(row, outcome)
+
+    def move(self, src: int, dst: int) -> None:
+        self.draft.move(src, dst)
+        self.ngrams[dst] = self.ngrams.pop(src)
+
+    def free(self, row: int) -> None:
+        self.draft.free(row)
+        self.ngrams.pop(row, None)
+
+    def stats(self, row: int) -> ProposerStats:
+        return self.draft.stats(row)

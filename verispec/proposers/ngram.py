@@ -16,11 +16,11 @@ import time
 
 import torch
 
-from verispec.proposers.base import Proposal
+from verispec.proposers.base import Proposal, SequenceProposer
 from verispec.sampling import SamplingParams
 
 
-class NgramProposer:
+class NgramProposer(SequenceProposer):
     """Longest suffix first (ngram_max down to ngram_min), most recent earlier occurrence wins.
 
     index[n] maps an n-gram to the position of the token that followed its latest occurrence. An n-gram is
@@ -31,17 +31,17 @@ class NgramProposer:
     def __init__(self, ngram_max: int = 3, ngram_min: int = 1) -> None:
         if not 1 <= ngram_min <= ngram_max:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {ngram_min} and {ngram_max}")
+        super().__init__()  # stats.seconds: lookup and indexing time; there is no model, so no forwards
         self.ngram_max, self.ngram_min = ngram_max, ngram_min
         self.tokens: list[int] = []
         self.index: dict[int, dict[tuple[int, ...], int]] = {}
         self.last_match_len = 0  # n of the last propose's match, 0 if none (read by the draft+ngram mix)
-        self.seconds = 0.0  # lookup and indexing time; there is no model, so no `forwards`
 
     def reset(self, prompt: list[int]) -> None:
         self.tokens = []
         self.index = {n: {} for n in range(self.ngram_min, self.ngram_max + 1)}
         self.last_match_len = 0
-        self.seconds = 0.0
+        self.stats.seconds = 0.0
         self._extend(prompt)
 
     def _extend(self, new: list[int]) -> None:
@@ -54,7 +54,7 @@ class NgramProposer:
                 if j >= n:
                     table[tuple(seq[j - n : j])] = j
             seq.append(tok)
-        self.seconds += time.perf_counter() - t0
+        self.stats.seconds += time.perf_counter() - t0
 
     def lookup(self, gamma: int) -> tuple[list[int], int]:
         """(up to gamma tokens that followed the longest matching suffix, its length n), or ([], 0)."""
@@ -68,8 +68,8 @@ class NgramProposer:
     def propose(self, gamma: int, sampling: SamplingParams, generator: torch.Generator) -> Proposal:
         t0 = time.perf_counter()
         tokens, self.last_match_len = self.lookup(gamma) if gamma > 0 else ([], 0)
-        self.seconds += time.perf_counter() - t0
+        self.stats.seconds += time.perf_counter() - t0
         return Proposal(tokens=torch.tensor(tokens, dtype=torch.long))
 
-    def observe(self, num_accepted: int, emitted: list[int]) -> None:
+    def observe(self, num_accepted: int, emitted: list[int], extra_logits: torch.Tensor | None = None) -> None:
         self._extend(emitted)

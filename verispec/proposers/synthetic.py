@@ -20,11 +20,14 @@ import random
 
 import torch
 
-from verispec.proposers.base import Proposal, Proposer
+from verispec.batch import Rows
+from verispec.proposers.base import Outcome, Proposal, Proposer, ProposerStats
 from verispec.sampling import SamplingParams
 
 
 class SyntheticProposer:
+    """Every row it serves follows the same `reference` (the benchmark runs one prompt at a time)."""
+
     def __init__(
         self, inner: Proposer | None, reference: list[int], error_rate: float, vocab_size: int, seed: int = 0
     ) -> None:
@@ -32,36 +35,45 @@ class SyntheticProposer:
             raise ValueError(f"synthetic error rate must be in [0, 1], got {error_rate}")
         self.inner, self.reference, self.error_rate, self.vocab_size = inner, list(reference), error_rate, vocab_size
         self.rng = random.Random(seed)  # its own stream: never touches the request's generator
-        self.done = 0  # reference tokens already emitted
+        self.done: dict[int, int] = {}  # reference tokens already emitted, per row
 
-    @property
-    def forwards(self) -> int:
-        return getattr(self.inner, "forwards", 0)
-
-    @property
-    def seconds(self) -> float:
-        return getattr(self.inner, "seconds", 0.0)
-
-    def reset(self, prompt: list[int]) -> None:
+    def reset(self, row: int, prompt: list[int], target: Rows) -> None:
         if self.inner is not None:
-            self.inner.reset(prompt)
-        self.done = 0
+            self.inner.reset(row, prompt, target)
+        self.done[row] = 0
 
-    def propose(self, gamma: int, sampling: SamplingParams, generator: torch.Generator) -> Proposal:
-        if not sampling.greedy:
+    def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
+                generators: list[torch.Generator]) -> list[Proposal]:
+        if not all(s.greedy for s in sampling):
             raise ValueError("synthetic acceptance is defined for greedy decoding only")
         if self.inner is not None:  # pay for a real draft, then ignore what it said
-            gamma = int(self.inner.propose(gamma, sampling, generator).tokens.numel())
-        tokens = []
-        for i in range(gamma):
-            j = self.done + i
-            token = self.reference[j] if j < len(self.reference) else 0
-            if self.rng.random() < self.error_rate:
-                token = (token + 1) % self.vocab_size  # any other token is rejected under greedy
-            tokens.append(token)
-        return Proposal(tokens=torch.tensor(tokens, dtype=torch.long))
+            gammas = [int(p.tokens.numel()) for p in self.inner.propose(rows, gammas, sampling, generators)]
+        out = []
+        for row, gamma in zip(rows, gammas):
+            tokens = []
+            for i in range(gamma):
+                j = self.done[row] + i
+                token = self.reference[j] if j < len(self.reference) else 0
+                if self.rng.random() < self.error_rate:
+                    token = (token + 1) % self.vocab_size  # any other token is rejected under greedy
+                tokens.append(token)
+            out.append(Proposal(tokens=torch.tensor(tokens, dtype=torch.long)))
+        return out
 
-    def observe(self, num_accepted: int, emitted: list[int]) -> None:
+    def observe(self, row: int, outcome: Outcome) -> None:
         if self.inner is not None:
-            self.inner.observe(num_accepted, emitted)
-        self.done += len(emitted)
+            self.inner.observe(row, outcome)
+        self.done[row] += len(outcome.emitted)
+
+    def move(self, src: int, dst: int) -> None:
+        if self.inner is not None:
+            self.inner.move(src, dst)
+        self.done[dst] = self.done.pop(src)
+
+    def free(self, row: int) -> None:
+        if self.inner is not None:
+            self.inner.free(row)
+        self.done.pop(row, None)
+
+    def stats(self, row: int) -> ProposerStats:
+        return self.inner.stats(row) if self.inner is not None else ProposerStats()

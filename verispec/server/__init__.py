@@ -2,8 +2,7 @@
 
     schemas.py    request shapes, validation, the OpenAI error envelope
     app.py        FastAPI app factory (routes, SSE streaming, auth, /health, /metrics)
-    scheduler.py  the worker thread: admit, batched round (draft -> one target forward -> verify), emit
-    drafting.py   batched draft model, and per-sequence proposers, addressed by batch row
+    scheduler.py  the worker thread: which requests join the engine's round (verispec.engine.Batch), emit
     metrics.py    Prometheus counters and histograms, one registry per app
 """
 

@@ -28,35 +28,33 @@ from verispec.engine import GenerationParams
 from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
 from verispec.sampling import SamplingParams
-from verispec.server.drafting import BatchedDraft, BatchProposer, PerSequence
+from verispec.proposers.base import Outcome, Proposal, Proposer, ProposerStats
 from verispec.server.metrics import ServerMetrics
 from verispec.server.scheduler import Delta, Done, Event, Failed, Request, Scheduler, SchedulerConfig
 from verispec.server.schemas import (
     APIError, ChatRequest, CompletionRequest, error_body, validation_error_body,
 )
-from verispec.strategies import StrategyOptions, make_proposer
+from verispec.strategies import STRATEGIES, StrategyOptions, make_proposer
 
 log = logging.getLogger("verispec.server")
-
-SERVER_STRATEGIES = ("draft", "ar", "ngram", "draft+ngram")
 
 
 @dataclass(frozen=True)
 class ServerSettings:
     model_name: str = "verispec"  # the id clients send as `model` and /v1/models lists
-    strategy: str = "draft"
+    strategy: str = "draft+ngram"  # for requests that name none (the `strategy` extension field)
     gamma: int = 4
     api_key: str | None = None
     max_concurrency: int = 8  # batch rows
     max_prompt_tokens: int = 2048
     max_new_tokens_limit: int = 512
     speculate_max_batch: int = 8
-    batch_draft: bool = True  # False: the draft model runs request by request (the comparison in the README)
+    batch_draft: bool = True  # False: proposers run request by request (the comparison in the README)
     options: StrategyOptions = field(default_factory=StrategyOptions)
 
     def __post_init__(self) -> None:
-        if self.strategy not in SERVER_STRATEGIES:
-            raise ValueError(f"the server supports strategies {', '.join(SERVER_STRATEGIES)}, not {self.strategy!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {self.strategy!r}; choose from {', '.join(STRATEGIES)}")
         for name in ("gamma", "max_concurrency", "max_prompt_tokens", "max_new_tokens_limit"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1")
@@ -73,8 +71,8 @@ class Models:
 
 
 def build_scheduler(models: Models, settings: ServerSettings, metrics: ServerMetrics) -> Scheduler:
-    """Check the models fit the server and wire target, proposer and cache rows together."""
-    target = models.target
+    """Check the models fit the server and wire target, proposers and cache rows together."""
+    target, draft = models.target, models.draft
     if not isinstance(target.model, LlamaModel):
         raise ValueError("the server batches requests on the native Llama-family model (llama/qwen2/mistral); "
                          f"{target.name} is not one")
@@ -82,16 +80,43 @@ def build_scheduler(models: Models, settings: ServerSettings, metrics: ServerMet
                   target.model.cfg.max_position_embeddings)
     config = SchedulerConfig(max_batch=settings.max_concurrency, max_len=max_len,
                              speculate_max_batch=settings.speculate_max_batch)
-    proposer: BatchProposer | None = None
-    if settings.strategy == "draft" and models.draft is None:
-        raise ValueError("strategy 'draft' needs a draft model")
-    if settings.strategy == "draft" and settings.batch_draft and isinstance(models.draft.model, LlamaModel):
-        proposer = BatchedDraft(models.draft.model, settings.max_concurrency, max_len,
-                                vocab_size=target.model.vocab_size, gamma=settings.gamma)
-    elif settings.strategy != "ar":  # any other drafting (or a non-native draft model) runs request by request
-        strategy, options, draft = settings.strategy, settings.options, models.draft
-        proposer = PerSequence(lambda n: make_proposer(strategy, target, draft, n, options))
-    return Scheduler(target.model, target.tokenizer, proposer, config, metrics)
+    if STRATEGIES[settings.strategy].needs_draft and draft is None:
+        raise ValueError(f"strategy {settings.strategy!r} needs a draft model")
+
+    def proposer_for(strategy: str) -> Proposer | None:
+        proposer = make_proposer(strategy, target, draft, max_len, settings.options, rows=settings.max_concurrency,
+                                 max_gamma=config.max_gamma + 2)
+        return proposer if settings.batch_draft or proposer is None else OneRowAtATime(proposer)
+
+    scheduler = Scheduler(target.model, target.tokenizer, proposer_for, config, metrics)
+    scheduler.proposer(settings.strategy)  # the default strategy is built (and its options checked) at start-up
+    return scheduler
+
+
+class OneRowAtATime:
+    """A proposer whose rows draft one after another, never batched (what the server's batching is measured
+    against)."""
+
+    def __init__(self, inner: Proposer) -> None:
+        self.inner = inner
+
+    def reset(self, row: int, prompt: list[int], target) -> None:
+        self.inner.reset(row, prompt, target)
+
+    def propose(self, rows, gammas, sampling, generators) -> list[Proposal]:
+        return [self.inner.propose([r], [g], [s], [gen])[0] for r, g, s, gen in zip(rows, gammas, sampling, generators)]
+
+    def observe(self, row: int, outcome: Outcome) -> None:
+        self.inner.observe(row, outcome)
+
+    def move(self, src: int, dst: int) -> None:
+        self.inner.move(src, dst)
+
+    def free(self, row: int) -> None:
+        self.inner.free(row)
+
+    def stats(self, row: int) -> ProposerStats:
+        return self.inner.stats(row)
 
 
 class _ApiKey:
@@ -246,6 +271,16 @@ def _params(app: FastAPI, body: CompletionRequest | ChatRequest, prompt: list[in
                             eos_ids=tok.eos_ids)
 
 
+def _strategy(app: FastAPI, body: CompletionRequest | ChatRequest) -> str:
+    """The request's `strategy` (an extension field), else the server's."""
+    name = body.strategy or app.state.settings.strategy
+    if name not in STRATEGIES:
+        raise APIError(400, f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}", param="strategy")
+    if STRATEGIES[name].needs_draft and app.state.models.draft is None:
+        raise APIError(400, f"strategy {name!r} needs a draft model, and this server has none", param="strategy")
+    return name
+
+
 # ---- routes ----------------------------------------------------------------------------------------------------
 
 
@@ -290,7 +325,7 @@ async def _serve(app: FastAPI, http: HTTPRequest, body: CompletionRequest | Chat
     def sink(event: Event) -> None:  # called on the scheduler thread
         loop.call_soon_threadsafe(events.put_nowait, event)
 
-    request = Request(prompt=prompt, params=params, sink=sink, stop=body.stop)
+    request = Request(prompt=prompt, params=params, sink=sink, stop=body.stop, strategy=_strategy(app, body))
     scheduler.submit(request)
     ids = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     shape = _Shape(id=ids, created=int(time.time()), model=app.state.settings.model_name, chat=chat,

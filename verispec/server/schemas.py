@@ -41,6 +41,7 @@ class _Sampling(BaseModel):
     n: Int = 1
     user: Str | None = None
     return_token_ids: Bool = False  # extension: token ids beside the text (what `verispec generate --json` shows)
+    strategy: Str | None = None  # extension: the drafting strategy for this request (default: the server's)
     # Accepted only at their neutral values:
     presence_penalty: Float = 0.0
     frequency_penalty: Float = 0.0
