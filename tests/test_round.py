@@ -1,0 +1,224 @@
+"""The one batched round (verispec.engine.Batch.round), with several rows at once.
+
+`generate` is one row of it, so the rest of the suite covers B = 1. Here rows of different prompts, lengths,
+strategies, sampling settings and gammas share rounds, as in the server:
+  * greedy: every row's output equals what `generate` gives that request alone, for every strategy, at 1, 4
+    and 8 rows;
+  * sampling: with 4 mixed rows, each row's law of its first W tokens matches the enumerated target law (TV
+    against the measured noise floor, and chi-square: tests/test_losslessness.py's check), and the broken
+    verifiers fail that same check through the same batched path;
+  * isolation: a row whose verification or proposer fails ends (or falls back) alone; rows beside it, and rows
+    with extreme but valid sampling parameters, keep the output they would have had alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.test_losslessness import (
+    PROMPT, T1, T07_P09, Verdict, W, bonus_replaces_last_draft, chi_square_pvalue, exact_law, noise_floor,
+    residual_is_p, tv,
+)
+from tests.test_ngram import LOOKUP_PROMPT
+from verispec import strategies
+from verispec.engine import Batch, GenerationParams, generate
+from verispec.models.load import LoadedModel
+from verispec.sampling import SamplingParams
+from verispec.verify import verify_chain
+
+GREEDY = SamplingParams(temperature=0.0)
+T07 = SamplingParams(temperature=0.7)
+ALL = list(strategies.STRATEGIES)
+OPTIONS = strategies.StrategyOptions(layerskip_layers=1, lookahead_window=3)
+
+
+def loaded(model, name: str) -> LoadedModel:
+    return LoadedModel(model=model, tokenizer=None, path=Path(f"/{name}"), name=name)
+
+
+def proposer(name: str, target, draft, rows: int, max_len: int = 128):
+    return strategies.make_proposer(name, loaded(target, "t"), loaded(draft, "d"), max_len, OPTIONS, rows=rows)
+
+
+def prompts(vocab: int, n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(rng.randint(1, 12))] for _ in range(n)]
+
+
+# ---- greedy: every row equals generate ---------------------------------------------------------------------------
+@pytest.mark.parametrize("rows", [1, 4, 8])
+def test_rows_of_every_strategy_equal_generate_alone(wide_target, wide_draft, rows):
+    """`rows` sequences of different lengths, strategies and gammas at once; more requests than rows wait and
+    join as rows free up (the server's admission), so every strategy meets every other in some round."""
+    n = 2 * len(ALL)
+    texts = prompts(wide_target.vocab_size, n, seed=rows)
+    names = [ALL[i % len(ALL)] for i in range(n)]
+    params = [GenerationParams(max_new_tokens=8 + 5 * (i % 5), gamma=1 + i % 5, sampling=GREEDY) for i in range(n)]
+    expected = [generate(wide_target, t, p, proposer(s, wide_target, wide_draft, 1)).token_ids
+                for t, p, s in zip(texts, params, names)]
+    batch = Batch(wide_target, rows, 128, slack=32)
+    shared = {s: proposer(s, wide_target, wide_draft, rows) for s in ALL}  # one proposer serves all its rows
+    waiting, seqs, widest = list(range(n)), {}, 0
+    while waiting or batch.live:
+        while waiting and len(batch.live) < rows:
+            i = waiting.pop(0)
+            seqs[i] = batch.add(texts[i], params[i], shared[names[i]])
+        widest = max(widest, len({id(s.proposer) for s in batch.live}))
+        batch.round()
+    for i in range(n):
+        assert seqs[i].result.finish_reason == "length" and seqs[i].result.error is None
+        assert seqs[i].out == expected[i], (names[i], texts[i])
+    assert rows == 1 or widest >= 3  # rounds really mixed strategies
+
+
+# ---- sampling: the law of each row of a mixed batch ----------------------------------------------------------------
+@dataclass(frozen=True)
+class RowCase:
+    strategy: str
+    sampling: SamplingParams
+    gamma: int
+    prompt: tuple[int, ...]
+
+
+MIXED = [  # two rows share the draft model's batched forward; n-gram copies; layer skip drafts in the target cache
+    RowCase("draft", T1, 3, tuple(PROMPT)),
+    RowCase("draft", T07_P09, 2, tuple(PROMPT)),
+    RowCase("ngram", T07, 2, tuple(LOOKUP_PROMPT)),
+    RowCase("layerskip", T1, 2, tuple(PROMPT)),
+]
+N = 1000  # sequences per row: the losslessness suite's N
+
+
+def sample_mixed(target, draft, seed_base: int, verifier=verify_chain) -> tuple[list[np.ndarray], list[float]]:
+    """Counts of each row's first W tokens over N batches of the 4 MIXED rows, and each row's alpha."""
+    V = target.vocab_size
+    counts = [np.zeros((V,) * W, dtype=np.int64) for _ in MIXED]
+    accepted, drafted = [0] * len(MIXED), [0] * len(MIXED)
+    batch = Batch(target, len(MIXED), 32, slack=16, verifier=verifier)
+    shared = {c.strategy: proposer(c.strategy, target, draft, len(MIXED), 32) for c in MIXED}
+    for i in range(N):
+        seqs = [batch.add(list(c.prompt), GenerationParams(max_new_tokens=max(W, c.gamma + 1), gamma=c.gamma,
+                                                           sampling=c.sampling, seed=seed_base + 10 * i + r),
+                          shared[c.strategy]) for r, c in enumerate(MIXED)]
+        while batch.live:
+            batch.round()
+        for r, seq in enumerate(seqs):
+            counts[r][tuple(seq.out[:W])] += 1
+            accepted[r] += seq.metrics.accepted
+            drafted[r] += seq.metrics.drafted
+    return counts, [a / d if d else float("nan") for a, d in zip(accepted, drafted)]
+
+
+def verdicts(target, counts: list[np.ndarray], alphas: list[float]) -> list[Verdict]:
+    out = []
+    for c, n, a in zip(MIXED, counts, alphas):
+        law = exact_law(target, c.sampling, list(c.prompt))
+        out.append(Verdict(tv(n, law), noise_floor(law, N, seed=12345), chi_square_pvalue(n, law), a))
+    return out
+
+
+def test_mixed_rows_keep_each_rows_law(tiny_target, tiny_draft):
+    counts, alphas = sample_mixed(tiny_target, tiny_draft, 61_000_000)
+    for c, v in zip(MIXED, verdicts(tiny_target, counts, alphas)):
+        print(f"\n[batched {c.strategy} T={c.sampling.temperature} top_p={c.sampling.top_p} gamma={c.gamma}] {v}")
+        assert 0.05 < v.alpha < 0.95, (c, v)  # drafts were made, and some were rejected
+        assert v.passes, (c, v)
+
+
+@pytest.mark.parametrize("broken", [residual_is_p, bonus_replaces_last_draft])
+def test_broken_verifiers_fail_through_the_batched_round(tiny_target, tiny_draft, broken):
+    """The check has power on the path the server runs: a broken chain rule passed to the round is rejected on
+    the rows that draft with the model at T = 1 (the first MIXED row)."""
+    counts, alphas = sample_mixed(tiny_target, tiny_draft, 62_000_000, verifier=broken)
+    results = verdicts(tiny_target, counts, alphas)
+    for c, v in zip(MIXED, results):
+        print(f"\n[{broken.__name__} batched {c.strategy} T={c.sampling.temperature} gamma={c.gamma}] {v}")
+    assert not results[0].passes, results[0]
+
+
+# ---- isolation --------------------------------------------------------------------------------------------------
+def run_rows(target, draft, cases: list[tuple[str, GenerationParams]], texts, verifier=verify_chain,
+             fall_back: bool = False):
+    batch = Batch(target, len(cases), 128, slack=32, verifier=verifier, fall_back=fall_back)
+    shared = {s: proposer(s, target, draft, len(cases)) for s, _ in cases}
+    seqs = [batch.add(t, p, shared[s]) for t, (s, p) in zip(texts, cases)]
+    while batch.live:
+        batch.round()
+    return seqs
+
+
+def test_a_row_whose_verification_fails_ends_alone(wide_target, wide_draft):
+    texts = prompts(wide_target.vocab_size, 4, seed=5)
+    cases = [("draft", GenerationParams(max_new_tokens=20, gamma=3, sampling=T1, seed=100 + r)) for r in range(4)]
+
+    def fails_for_row_2(draft, p, q, generator):
+        if generator.initial_seed() == 102:
+            raise FloatingPointError("injected: row 2's verification")
+        return verify_chain(draft, p, q, generator)
+
+    alone = [generate(wide_target, t, p, proposer(s, wide_target, wide_draft, 1)).token_ids
+             for t, (s, p) in zip(texts, cases)]
+    seqs = run_rows(wide_target, wide_draft, cases, texts, verifier=fails_for_row_2)
+    assert seqs[2].result.finish_reason == "error" and isinstance(seqs[2].result.error, FloatingPointError)
+    for r in (0, 1, 3):
+        assert seqs[r].result.finish_reason == "length" and seqs[r].out == alone[r], r
+
+
+@pytest.mark.parametrize("fall_back", [True, False], ids=["server-falls-back", "library-fails"])
+def test_a_failing_proposer_costs_its_row_alone(wide_target, wide_draft, fall_back):
+    texts = prompts(wide_target.vocab_size, 3, seed=6)
+    cases = [("ngram", GenerationParams(max_new_tokens=16, gamma=2, sampling=GREEDY)),
+             ("draft", GenerationParams(max_new_tokens=16, gamma=3, sampling=GREEDY)),
+             ("lookahead", GenerationParams(max_new_tokens=16, gamma=2, sampling=GREEDY))]
+    plain = [generate(wide_target, t, GenerationParams(max_new_tokens=16, sampling=GREEDY)).token_ids for t in texts]
+    batch = Batch(wide_target, 3, 128, slack=32, fall_back=fall_back)
+    shared = {s: proposer(s, wide_target, wide_draft, 3) for s, _ in cases}
+    real = shared["draft"].propose
+
+    def broken(rows, *args):
+        if 1 in rows:
+            raise RuntimeError("injected: the draft model failed")
+        return real(rows, *args)
+
+    shared["draft"].propose = broken
+    seqs = [batch.add(t, p, shared[s]) for t, (s, p) in zip(texts, cases)]
+    while batch.live:
+        batch.round()
+    assert seqs[0].out == plain[0] and seqs[2].out == plain[2]
+    if fall_back:
+        assert seqs[1].fell_back and seqs[1].out == plain[1] and seqs[1].result.finish_reason == "length"
+    else:
+        assert seqs[1].result.finish_reason == "error" and "injected" in str(seqs[1].result.error)
+
+
+EXTREMES = [  # valid, finite, and once able to turn the processed distribution into NaN
+    SamplingParams(temperature=1e-30), SamplingParams(temperature=5e-324), SamplingParams(temperature=1e-6),
+    SamplingParams(temperature=1.0, top_p=1e-12), SamplingParams(temperature=1e-30, top_p=1e-12, top_k=1),
+    SamplingParams(temperature=2.0, top_k=1), SamplingParams(temperature=1e30),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["f32", "bf16", "f64"])
+def test_extreme_sampling_parameters_hurt_no_row(wide_target, wide_draft, dtype):
+    """Each extreme row runs beside a greedy and a seeded row; all finish, and the neighbours' outputs are what
+    they are alone."""
+    target, draft = copy.deepcopy(wide_target).to(dtype), copy.deepcopy(wide_draft).to(dtype)
+    texts = prompts(target.vocab_size, 3, seed=7)
+    neighbours = [("draft", GenerationParams(max_new_tokens=12, gamma=3, sampling=GREEDY)),
+                  ("draft+ngram", GenerationParams(max_new_tokens=12, gamma=2, sampling=T07, seed=9))]
+    alone = [generate(target, t, p, proposer(s, target, draft, 1)).token_ids
+             for t, (s, p) in zip(texts[1:], neighbours)]
+    vocab = target.vocab_size
+    for extreme in EXTREMES:
+        cases = [("draft", GenerationParams(max_new_tokens=12, gamma=3, sampling=extreme, seed=1)), *neighbours]
+        seqs = run_rows(target, draft, cases, texts)
+        assert all(s.result.finish_reason == "length" for s in seqs), (extreme, [s.result.error for s in seqs])
+        assert all(0 <= t < vocab for t in seqs[0].out)
+        assert [s.out for s in seqs[1:]] == alone, extreme
