@@ -285,6 +285,60 @@ def test_draft_per_request_gives_the_same_greedy_output(models):
     assert all(outs[p] == reference(models, tok.encode(p), 30) for p in PROMPTS)
 
 
+def strategy_reference(models: Models, strategy: str, prompt: list[int], max_tokens: int, gamma: int) -> list[int]:
+    """What `verispec generate --strategy S` produces for a request alone."""
+    from verispec.strategies import make_proposer
+
+    t = models.target
+    params = GenerationParams(max_new_tokens=max_tokens, gamma=gamma, sampling=SamplingParams(),
+                              eos_ids=t.tokenizer.eos_ids)
+    proposer = make_proposer(strategy, t, models.draft, len(prompt) + max_tokens + gamma + 2)
+    return generate(t.model, prompt, params, proposer).token_ids
+
+
+@pytest.mark.parametrize("clients", [1, 4, 8])
+def test_every_strategy_in_one_batch_equals_generate(models, clients):
+    """Concurrent greedy requests of different lengths, each naming its strategy (the `strategy` extension), share
+    the server's rounds; each one's tokens are what generate gives it alone, for every strategy."""
+    from verispec.strategies import STRATEGIES
+
+    names = list(STRATEGIES)
+    tok = models.target.tokenizer
+    texts = _prompts(tok, 2 * len(names), seed=clients)
+    jobs = [(texts[i], names[i % len(names)], 12 + 4 * (i % 4)) for i in range(len(texts))]
+    expected = [strategy_reference(models, s, tok.encode(t), n, GAMMA) for t, s, n in jobs]
+    got: dict[int, dict] = {}
+    app = create_app(settings(speculate_max_batch=8), models=models)
+    with live(app) as base:
+        def client(k: int) -> None:
+            with httpx.Client(base_url=base, timeout=120) as c:
+                for i in range(k, len(jobs), clients):
+                    got[i] = complete(c, jobs[i][0], jobs[i][2], strategy=jobs[i][1])
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        rows = _metric(httpx.get(f"{base}/metrics").text, "verispec_target_forward_sequences_total")
+        forwards = _metric(httpx.get(f"{base}/metrics").text, "verispec_target_forwards_total")
+    for i, (text, strategy, _) in enumerate(jobs):
+        assert got[i]["usage"]["speculative"]["strategy"] == strategy
+        assert got[i]["choices"][0]["token_ids"] == expected[i], (strategy, text)
+    assert sum(got[i]["usage"]["speculative"]["draft_tokens"] for i in got) > 0
+    assert clients == 1 or rows / forwards > 1.5  # rounds really were shared
+
+
+def test_unknown_or_impossible_strategy_is_400(client, models):
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "strategy": "medusa"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "strategy"
+    assert "unknown strategy" in r.json()["error"]["message"]
+    no_draft = Models(models.target, None)
+    with live(create_app(settings(strategy="ngram"), models=no_draft)) as base:
+        r = httpx.post(f"{base}/v1/completions", json={"model": MODEL, "prompt": "x", "strategy": "draft"})
+    assert r.status_code == 400 and "needs a draft model" in r.json()["error"]["message"]
+
+
 def test_no_speculation_gives_the_same_greedy_output(models):
     with live(create_app(settings(speculate_max_batch=0), models=models)) as base, httpx.Client(base_url=base) as c:
         out = complete(c, PROMPTS[5], 30)
@@ -733,6 +787,47 @@ def test_real_pair_server_equals_generate():
             events = sse(resp.iter_lines())
         text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"])
         assert text == tok.decode(reference(real, tok.chat(messages), 48, gamma=4))
+
+
+@pytest.mark.slow
+def test_real_pair_every_strategy_in_shared_rounds_equals_generate():
+    """On the real pair (bf16 target, int4 draft): requests of every strategy, three at a time and of different
+    lengths, share the server's rounds; each gets the tokens `generate --strategy S` gives it alone. Rounds of at
+    most 16 tokens attend each query alone (bit for bit); lookahead's window makes wider rounds, whose masked
+    attention may round apart at a near-tie (none on these prompts)."""
+    from verispec.models.load import check_pair
+    from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
+    from verispec.strategies import STRATEGIES
+
+    target = load(DEFAULT_TARGET, progress=False)
+    draft = load(DEFAULT_DRAFT, dtype="int4", progress=False)
+    check_pair(target, draft)
+    real = Models(target, draft)
+    tok = target.tokenizer
+    prompts = ["def quicksort(arr):", "class Stack:\n    def __init__(self):", "def fibonacci(n):",
+               "import os\n\ndef list_files(path):", "def is_prime(n):", "# reverse a string\ndef rev(s):",
+               "def binary_search(xs, x):"]
+    jobs = [(p, s, 24 + 8 * (i % 3)) for i, (p, s) in enumerate(zip(prompts, STRATEGIES))]
+    expected = [strategy_reference(real, s, tok.encode(p), n, 4) for p, s, n in jobs]
+    app = create_app(ServerSettings(model_name="real", strategy="draft", gamma=4, max_concurrency=3), models=real)
+    got: dict[int, dict] = {}
+    with live(app) as base:
+        def client(k: int) -> None:
+            with httpx.Client(base_url=base, timeout=900) as c:
+                for i in range(k, len(jobs), 3):
+                    got[i] = c.post("/v1/completions", json={"model": "real", "prompt": jobs[i][0], "temperature": 0,
+                                                             "max_tokens": jobs[i][2], "strategy": jobs[i][1],
+                                                             "return_token_ids": True}).json()
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for i, (p, s, _) in enumerate(jobs):
+        assert got[i]["choices"][0]["token_ids"] == expected[i], (s, p)
+    assert all(got[i]["usage"]["speculative"]["accepted_tokens"] > 0 for i, j in enumerate(jobs)
+               if j[1] in ("draft", "draft+ngram", "adaptive"))
 
 
 # ---- the command ---------------------------------------------------------------------------------------------------
