@@ -138,7 +138,24 @@ def test_prompt_beyond_the_context_is_one_line(pair, capsys):
     code, _, err = run_inline(capsys, "generate", "x " * 200, "--target", str(target), "--draft", str(draft),
                               "--max-new-tokens", "100")
     assert code == 2
-    assert len(err.strip().splitlines()) == 1 and "context" in err
+    *before, last = err.strip().splitlines()
+    assert last.startswith("verispec: error:") and "context" in last
+    assert len(before) <= 1 and all("fastest exact configuration" in line for line in before)  # the defaults' line
+
+
+def test_defaults_chosen_for_the_machine_are_said_in_one_line(pair, capsys):
+    """No --dtype: the precision is the machine's (w4a8 where the kernel runs), said once on stderr."""
+    from verispec.models.kernels import available_isas
+
+    target, draft = pair
+    code, out, err = run_inline(capsys, "generate", "x y", "--target", str(target), "--draft", str(draft),
+                                "--max-new-tokens", "4", "--json")
+    assert code == 0
+    said = [line for line in err.splitlines() if "fastest exact configuration" in line]
+    assert len(said) == 1 and ("w4a8 target" if available_isas() else "bfloat16 target") in said[0]
+    code, _, err = run_inline(capsys, "generate", "x y", "--target", str(target), "--draft", str(draft),
+                              "--max-new-tokens", "4", "--json", "--dtype", "float32")
+    assert code == 0 and "fastest exact configuration" not in err
 
 
 @pytest.mark.parametrize("strategy, extra", [

@@ -7,14 +7,30 @@ that every entry point answers the same question the same way. Each default name
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_STRATEGY", "DEFAULT_DTYPE", "DEFAULT_DEVICE", "default_gamma", "default_draft_dtype"]
+__all__ = ["DEFAULT_STRATEGY", "DEFAULT_DTYPE", "DEFAULT_DEVICE", "default_dtype", "default_gamma",
+           "default_draft_dtype", "describe"]
 
 # Prompt lookup where the last 3 tokens recur, else the draft model: +24-28% decode tok/s over `draft` on 10 code
 # prompts with a w4a8 target, +9% with bf16 (benchmarks/profile_round.py; benchmarks/results/
 # 2026-11-23-epyc-avx512-bf16-draft-vs-draft-ngram and 2026-11-23-epyc-avx512-w4a8-draft-ngram-vs-llamacpp).
 DEFAULT_STRATEGY = "draft+ngram"
-DEFAULT_DTYPE = "bfloat16"  # the target as the GGUF defines it (dequantized): the faithful one
+DEFAULT_DTYPE = "bfloat16"  # the target as the GGUF defines it (dequantized): the faithful one, and the fallback
 DEFAULT_DEVICE = "cpu"
+
+
+def default_dtype(device: str = DEFAULT_DEVICE, kernel_isas: tuple[str, ...] | list[str] = ()) -> str:
+    """The target's precision when none is asked for: the fastest exact one for the hardware.
+
+    On a CPU that runs verispec's w4a8 kernel (`kernel_isas`: its builds this CPU can run, from
+    verispec.models.kernels.available_isas(): AVX-512 VNNI, or AVX2 with FMA and F16C), w4a8: its rows do not
+    depend on the row count, so greedy speculation stays bit-exact, and it decodes 1.5x the bf16 default's
+    tokens/s on 10 code prompts (29.19 against 19.82 tok/s, benchmarks/results/2026-11-23-epyc-avx512-*); on a
+    CPU without AVX-512 bf16 the bf16 target is emulated besides. Elsewhere (GPU, other CPUs) bfloat16.
+
+    >>> default_dtype("cpu", ["avx512", "avx2"]), default_dtype("cpu", []), default_dtype("cuda", ["avx2"])
+    ('w4a8', 'bfloat16', 'bfloat16')
+    """
+    return "w4a8" if device == "cpu" and kernel_isas else DEFAULT_DTYPE
 
 
 def default_gamma(dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE) -> int:
@@ -47,3 +63,16 @@ def default_draft_dtype(dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE
     if dtype.startswith("w4a8"):
         return "w4a8-4bit"
     return "int4" if dtype in ("bfloat16", "int8", "int4", "w8a8") else dtype
+
+
+def describe(dtype: str, draft_dtype: str | None, strategy: str, gamma: int, kernel_isa: str | None) -> str:
+    """The one line a command prints when it runs on defaults it chose for this machine.
+
+    >>> describe("w4a8", "w4a8-4bit", "draft+ngram", 4, "avx2")
+    'verispec: w4a8 target (AVX2 kernel build), w4a8-4bit draft, draft+ngram, gamma 4: the fastest exact configuration measured for this CPU (--dtype bfloat16 runs the GGUF dequantized)'
+    """
+    build = {"avx512": "AVX-512 VNNI", "avx2": "AVX2"}.get(kernel_isa or "", "")
+    target = f"{dtype} target" + (f" ({build} kernel build)" if dtype.startswith("w4a8") and build else "")
+    draft = f", {draft_dtype} draft" if draft_dtype else ""
+    return (f"verispec: {target}{draft}, {strategy}, gamma {gamma}: the fastest exact configuration measured for "
+            "this CPU (--dtype bfloat16 runs the GGUF dequantized)")

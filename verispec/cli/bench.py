@@ -16,7 +16,9 @@ import torch
 
 from verispec.bench.runner import LLAMA_CPP_HINT, Config, HFBackend, LlamaCppBackend, Run, VerispecBackend, run_bench
 from verispec.cli.common import comma_list, fail, finite
-from verispec.cli.options import add_model_options, add_strategy_options, draft_dtype_of, load_models, strategy_options
+from verispec.cli.options import (
+    add_model_options, add_strategy_options, draft_dtype_of, load_models, resolve_dtype, strategy_options,
+)
 
 PEERS = ("hf", "llama.cpp")
 
@@ -177,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
             fail(f"unknown peer {p!r}; choose from {', '.join(PEERS)}")
     if args.repeats < 1 or args.max_new_tokens < 1 or (args.limit is not None and args.limit < 1):
         fail("--repeats, --max-new-tokens and --limit must be >= 1")
+    resolve_dtype(args)
     options = strategy_options(args, strategies)
     if args.synthetic is not None:
         if not 0 <= args.synthetic <= 1:

@@ -8,8 +8,8 @@ import sys
 
 from verispec.cli.common import fail, finite
 from verispec.cli.options import (
-    add_gamma_argument, add_model_options, add_strategy_argument, add_strategy_options, gamma_of, load_models,
-    strategy_options,
+    add_gamma_argument, add_model_options, add_strategy_argument, add_strategy_options, announce_defaults, gamma_of,
+    load_models, resolve_dtype, strategy_options,
 )
 from verispec.defaults import DEFAULT_STRATEGY
 
@@ -63,12 +63,15 @@ def run(args: argparse.Namespace) -> int:
     from verispec.models.load import default_threads
     from verispec.models.tokenizer import TextStream
 
+    defaulted = resolve_dtype(args)
     params = _params(args)
     strategy = "ar" if args.no_speculate else args.strategy
     options = strategy_options(args, [strategy])
     default_threads()
     progress = sys.stderr.isatty()
     target, draft = load_models(args, [strategy], progress)
+    if defaulted:
+        announce_defaults(args, strategy, draft is not None)
     tok = target.tokenizer
     prompt = tok.chat(args.prompt) if args.chat else tok.encode(args.prompt)
     params = dataclasses.replace(params, eos_ids=tok.eos_ids)

@@ -8,14 +8,16 @@ lookahead strategy only`), so that no flag is silently ignored.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from verispec.cli.common import fail, finite
-from verispec.defaults import DEFAULT_DEVICE, DEFAULT_DTYPE, default_draft_dtype, default_gamma
+from verispec.defaults import DEFAULT_DEVICE, DEFAULT_DTYPE, default_draft_dtype, default_dtype, default_gamma, describe
 from verispec.strategies import STRATEGIES, StrategyOptions, get
 
 __all__ = [
     "DTYPE_CHOICES", "STRATEGY_FLAGS", "add_gamma_argument", "add_model_options", "add_strategy_argument",
-    "add_strategy_options", "draft_dtype_of", "gamma_of", "load_models", "strategy_help", "strategy_options",
+    "add_strategy_options", "announce_defaults", "draft_dtype_of", "gamma_of", "load_models", "resolve_dtype",
+    "strategy_help", "strategy_options",
 ]
 
 DTYPE_CHOICES = ["bfloat16", "float32", "int8", "int4", "w8a8", "w4a8", "w4a8-4bit"]
@@ -56,6 +58,29 @@ def add_gamma_argument(p: argparse.ArgumentParser) -> None:
                         "verification of 9 tokens costs ~1.3x a step; else 4)")
 
 
+def resolve_dtype(args: argparse.Namespace) -> bool:
+    """Fill in --dtype when it was not given (the fastest exact precision for this machine, verispec.defaults);
+    True when it was filled in."""
+    if args.dtype is not None:
+        return False
+    from verispec.models.kernels import available_isas
+
+    args.dtype = default_dtype(args.device, available_isas() if args.device == "cpu" else [])
+    return True
+
+
+def announce_defaults(args: argparse.Namespace, strategy: str, needs_draft: bool) -> None:
+    """One line on stderr saying which configuration the machine's defaults chose."""
+    from verispec.models.kernels import KernelError, kernel_isa
+
+    try:
+        isa = kernel_isa() if args.dtype.startswith("w4a8") else None
+    except KernelError:
+        isa = None
+    print(describe(args.dtype, draft_dtype_of(args) if needs_draft else None, strategy, gamma_of(args), isa),
+          file=sys.stderr)
+
+
 def gamma_of(args: argparse.Namespace) -> int:
     """--gamma, else the default for this target precision and device (verispec.defaults)."""
     return args.gamma if args.gamma is not None else default_gamma(args.dtype, args.device)
@@ -67,11 +92,16 @@ def add_model_options(p: argparse.ArgumentParser, default_target: str, default_d
     p.add_argument("--target", default=default_target, help="HF directory, .gguf file or packaged name (default: %(default)s)")
     if default_draft is not None:
         p.add_argument("--draft", default=default_draft, help="draft model, same forms (default: %(default)s)")
-    p.add_argument("--dtype", choices=dtypes, default=DEFAULT_DTYPE,
-                   help="the target's precision (int8/int4: weight-only quantized; w8a8: int8 weights and per-token "
-                        "int8 activations; w4a8: 4-bit weights (8 where the GGUF had more) and int8 activations on "
-                        "verispec's AVX-512 VNNI kernel, fastest on a CPU); output is lossless relative to the "
-                        "target as run (default: %(default)s)" if len(dtypes) > 2 else "the target's precision (default: %(default)s)")
+    if "w4a8" in dtypes:
+        p.add_argument("--dtype", choices=dtypes, default=None,
+                       help="the target's precision (int8/int4: weight-only quantized; w8a8: int8 weights and "
+                            "per-token int8 activations, AVX-512 VNNI only; w4a8: 4-bit weights (8 where the GGUF had "
+                            "more) and int8 activations on verispec's CPU kernel, AVX-512 VNNI or AVX2 build); output "
+                            "is lossless relative to the target as run (default: w4a8 on a CPU that runs the kernel, "
+                            "else bfloat16)")
+    else:
+        p.add_argument("--dtype", choices=dtypes, default=DEFAULT_DTYPE,
+                       help="the target's precision (default: %(default)s)")
     if default_draft is not None:
         p.add_argument("--draft-dtype", choices=DTYPE_CHOICES, default=None,
                        help="the draft's precision; it never changes the output distribution (default on the CPU: "

@@ -6,8 +6,8 @@ import argparse
 
 from verispec.cli.common import fail
 from verispec.cli.options import (
-    add_gamma_argument, add_model_options, add_strategy_argument, add_strategy_options, gamma_of, load_models,
-    strategy_options,
+    add_gamma_argument, add_model_options, add_strategy_argument, add_strategy_options, announce_defaults, gamma_of,
+    load_models, resolve_dtype, strategy_options,
 )
 from verispec.defaults import DEFAULT_STRATEGY
 
@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from verispec.server import Models, ServerSettings, create_app
     from verispec.strategies import STRATEGIES
 
+    defaulted = resolve_dtype(args)
     options = strategy_options(args, [args.strategy])
     if args.draft_per_request and not STRATEGIES[args.strategy].needs_draft:
         with_draft = [s.name for s in STRATEGIES.values() if s.needs_draft]
@@ -75,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
 
     def load() -> Models:
         target, draft = load_models(args, [args.strategy], progress=False)
+        if defaulted:
+            announce_defaults(args, args.strategy, draft is not None)
         return Models(target, draft)
 
     def on_load_failure(error: BaseException) -> None:
