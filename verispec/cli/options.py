@@ -63,9 +63,16 @@ def resolve_dtype(args: argparse.Namespace) -> bool:
     True when it was filled in."""
     if args.dtype is not None:
         return False
-    from verispec.models.kernels import available_isas
+    from verispec.models.kernels import KernelError, available_isas, w4a8
 
     args.dtype = default_dtype(args.device, available_isas() if args.device == "cpu" else [])
+    if args.dtype.startswith("w4a8"):
+        try:
+            w4a8()  # built once per machine (about 30 s), then found in the cache
+        except KernelError as e:  # e.g. no C++ compiler: the default must still run
+            print(f"verispec: the w4a8 kernel is not available here ({e}); running the target in {DEFAULT_DTYPE}",
+                  file=sys.stderr)
+            args.dtype = DEFAULT_DTYPE
     return True
 
 
