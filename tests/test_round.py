@@ -135,12 +135,12 @@ def test_mixed_rows_keep_each_rows_law(tiny_target, tiny_draft):
 @pytest.mark.parametrize("broken", [residual_is_p, bonus_replaces_last_draft])
 def test_broken_verifiers_fail_through_the_batched_round(tiny_target, tiny_draft, broken):
     """The check has power on the path the server runs: a broken chain rule passed to the round is rejected on
-    the rows that draft with the model at T = 1 (the first MIXED row)."""
+    every row, whatever its strategy (measured: TV 0.11-0.43 against thresholds 0.09-0.15, chi-square p < 1e-14)."""
     counts, alphas = sample_mixed(tiny_target, tiny_draft, 62_000_000, verifier=broken)
     results = verdicts(tiny_target, counts, alphas)
     for c, v in zip(MIXED, results):
         print(f"\n[{broken.__name__} batched {c.strategy} T={c.sampling.temperature} gamma={c.gamma}] {v}")
-    assert not results[0].passes, results[0]
+    assert not any(v.passes for v in results), results
 
 
 # ---- isolation --------------------------------------------------------------------------------------------------

@@ -1,0 +1,65 @@
+"""A/B two versions of the w4a8 kernel source with the same compiler flags: bit-identity, then ms per matmul.
+
+    git show HEAD:verispec/models/kernels/w4a8.cpp > /tmp/old.cpp
+    python benchmarks/kernel_ab.py /tmp/old.cpp verispec/models/kernels/w4a8.cpp [--isa avx512|avx2]
+
+Each matrix shape runs with 8 weight copies cycled (more than the L3), both versions interleaved, median of 15.
+Prints GB/s of weights and scales read by the second version. On a shared machine compare within one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils import cpp_extension
+
+from verispec.models.kernels import ISA_CFLAGS
+from verispec.models.quant import W4A8Linear
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("a", help="first kernel source (the baseline)")
+    ap.add_argument("b", help="second kernel source")
+    ap.add_argument("--isa", default="avx512", choices=list(ISA_CFLAGS))
+    ap.add_argument("--shapes", default="8960x1536,1536x8960", help="out x in, comma list")
+    args = ap.parse_args()
+    mods = {}
+    for tag, src in (("a", args.a), ("b", args.b)):
+        build = Path(tempfile.mkdtemp(prefix=f"kernel-ab-{tag}-"))
+        copy = build / f"w4a8_{tag}.cpp"
+        copy.write_text(Path(src).read_text())
+        mods[tag] = cpp_extension.load(name=f"kernel_ab_{args.isa}_{tag}", sources=[str(copy)],
+                                       extra_cflags=ISA_CFLAGS[args.isa], build_directory=str(build))
+    torch.manual_seed(0)
+    for shape in args.shapes.split(","):
+        n, k = (int(v) for v in shape.split("x"))
+        for bits in (4, 8):
+            mats = [W4A8Linear(torch.nn.Linear(k, n, bias=False), bits=bits) for _ in range(8)]
+            for rows in (1, 5):
+                x = torch.randn(rows, k)
+
+                def call(tag: str, q: W4A8Linear) -> torch.Tensor:
+                    return mods[tag].w4a8_mm(x, q.weight, q.scales, q.offsets, torch.empty(0))
+
+                assert torch.equal(call("a", mats[0]), call("b", mats[0])), "the versions are not bit-identical"
+                times: dict[str, list[float]] = {"a": [], "b": []}
+                for rep in range(15):
+                    for tag in ("a", "b") if rep % 2 else ("b", "a"):
+                        t0 = time.perf_counter()
+                        for q in mats:
+                            call(tag, q)
+                        times[tag].append((time.perf_counter() - t0) / len(mats) * 1e3)
+                a, b = statistics.median(times["a"]), statistics.median(times["b"])
+                nbytes = mats[0].weight.numel() + 2 * 2 * mats[0].scales.numel()
+                print(f"{args.isa} {n}x{k} {bits}-bit, {rows} row(s): a {a:.3f} ms, b {b:.3f} ms, b/a {b / a:.2f} "
+                      f"({nbytes / 1e6:.1f} MB: {nbytes / b / 1e6:.1f} GB/s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Ours against llama.cpp, per prompt and then geometric means, from a `verispec bench --peers llama.cpp` runs.jsonl.
+
+    python benchmarks/vs_llamacpp.py benchmarks/results/<run>/runs.jsonl > benchmarks/results/<run>/vs_llamacpp.md
+
+Pairs each prompt's runs (same prompt, same temperature) and prints, per category group: our default
+configuration (the `draft+ngram γ=4` rows) over llama.cpp's plain decoding, whole-request and decode-only
+(tokens after the first over the time after the first), over llama.cpp's prompt lookup, our plain decoding over
+llama.cpp's (decode only: the step), and the median time to first token of both.
+"""
+import json, sys, math, collections
+path = sys.argv[1]
+rows = [json.loads(l) for l in open(path)]
+def dec(r):
+    return (r['new_tokens'] - 1) / (r['seconds'] - r['ttft_s']) if r['ttft_s'] is not None and r['new_tokens'] > 1 else None
+by = collections.defaultdict(dict)
+for r in rows:
+    by[(r['prompt_id'], r['category'], r['temperature'])][r['config']] = r
+code = {"code_completion", "code_instruct", "code_edit"}
+def gm(xs): return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float('nan')
+for T in (0.0, 0.7):
+    print(f"\n## T={T}")
+    print("| prompts | ours default / llama.cpp plain, whole request | decode | ours default / llama.cpp prompt lookup (whole) | ours plain / llama.cpp plain (decode) | TTFT ours default / llama.cpp (median s) |")
+    print("|---|---|---|---|---|---|")
+    for name, sel in [("code categories", lambda c: c in code), ("all categories", lambda c: True)] + [(c, (lambda cc: (lambda c: c == cc))(c)) for c in sorted({k[1] for k in by})]:
+        w, d, lk, pl, t1, t2 = [], [], [], [], [], []
+        for (pid, cat, t), cfg in by.items():
+            if t != T or not sel(cat): continue
+            o, l, lp, a = cfg.get('draft+ngram γ=4'), cfg.get('llama.cpp ar'), cfg.get('llama.cpp prompt_lookup γ=4'), cfg.get('ar')
+            if o and l:
+                w.append(o['tokens_per_s'] / l['tokens_per_s'])
+                if dec(o) and dec(l): d.append(dec(o) / dec(l))
+                t1.append(o['ttft_s']); t2.append(l['ttft_s'])
+            if o and lp: lk.append(o['tokens_per_s'] / lp['tokens_per_s'])
+            if a and l and dec(a) and dec(l): pl.append(dec(a) / dec(l))
+        med = lambda xs: sorted(xs)[len(xs)//2] if xs else float('nan')
+        print(f"| {name} ({len(w)}) | {gm(w):.2f}× | {gm(d):.2f}× | {gm(lk):.2f}× | {gm(pl):.2f}× | {med(t1):.2f} / {med(t2):.2f} |")
