@@ -17,6 +17,13 @@ def pytest_configure(config: pytest.Config) -> None:
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _one_thread_after_each_test():
+    """The CLI's commands set torch to every core (models.load.default_threads); put it back for the next test."""
+    yield
+    torch.set_num_threads(1)
+
+
 def tiny_config(vocab_size: int = 6, *, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,
                 max_pos: int = 128, bias: bool = False) -> LlamaConfig:
     """A 2-layer GQA Llama config (4 query heads share 2 KV heads, head_dim 8)."""
