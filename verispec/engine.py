@@ -38,7 +38,6 @@ log = logging.getLogger("verispec.engine")
 
 # Given all new token ids so far, return how many to keep if a stop sequence occurred, else None.
 StopFn = Callable[[list[int]], "int | None"]
-Verifier = ChainVerifier  # the chain rule a round verifies with (tests pass broken ones)
 T = TypeVar("T")
 
 

@@ -187,15 +187,15 @@ class Scheduler:
             self.metrics.requests.labels(finish_reason="cancelled").inc()
             return
         text = TextStream(self.tokenizer, request.stop)
-        stop_fn = None
-        if request.stop:
-            def stop_fn(ids: list[int], text: TextStream = text) -> int | None:
-                with self.tokenizer_lock:
-                    return text.stop_fn(ids)
+
+        def stop_fn(ids: list[int]) -> int | None:  # decodes: one user of the tokenizer at a time
+            with self.tokenizer_lock:
+                return text.stop_fn(ids)
+
         try:
             proposer = self.proposer(request.strategy)
-            seq = self.batch.add(request.prompt, request.params, proposer, stop_fn=stop_fn,
-                                 tag=_Stream(request, text))
+            seq = self.batch.add(request.prompt, request.params, proposer,
+                                 stop_fn=stop_fn if request.stop else None, tag=_Stream(request, text))
         except Exception:  # noqa: BLE001
             log.exception("prefill failed")
             request.sink(Failed("internal error while reading the prompt"))
