@@ -242,7 +242,7 @@ def test_streamed_chat_equals_generate_chat(client, models):
     full = client.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 30,
                                                      "temperature": 0}).json()
     assert full["object"] == "chat.completion"
-    assert full["choices"][0]["message"] == {"role": "assistant", "content": text}
+    assert full["choices"][0]["message"] == {"role": "assistant", "content": text, "refusal": None}
 
 
 def test_stop_string(client, models):
@@ -838,6 +838,8 @@ def test_real_pair_every_strategy_in_shared_rounds_equals_generate():
     (["--max-concurrency", "0"], "max-concurrency"),
     (["--strategy", "nosuch"], "unknown strategy"),
     (["--port", "70000"], "--port"),
+    (["--body-timeout", "0"], "body-timeout"),
+    (["--max-body-bytes", "0"], "max-body-bytes"),
 ])
 def test_serve_bad_flags_exit_2(capsys, args, needle):
     from verispec.cli import main

@@ -31,6 +31,14 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
                      "for; also the default when it asks for none (default: %(default)s)")
     srv.add_argument("--speculate-max-batch", type=int, default=8, help="rounds with more active requests than "
                      "this run without drafting, where it stops paying (default: %(default)s; 0 never drafts)")
+    srv.add_argument("--max-body-bytes", type=int, default=4 * 2**20, help="larger request bodies get a 413 before "
+                     "they are read (default: %(default)s)")
+    srv.add_argument("--max-prompt-chars", type=int, default=None, help="longer prompt text gets a 400 before it is "
+                     "tokenized (default: 32 per --max-prompt-tokens)")
+    srv.add_argument("--body-timeout", type=float, default=30.0, help="seconds a request body may take to arrive "
+                     "before a 408 closes the connection (default: %(default)s)")
+    srv.add_argument("--allow-special-tokens", action="store_true", help="let raw completion prompts spell control "
+                     "tokens such as <|im_end|> (default: encoded as plain text; chat message text always is)")
     srv.add_argument("--draft-per-request", action="store_true", help="strategies with a draft model: run it "
                      "request by request instead of batched across requests (slower; for comparison)")
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -64,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
             api_key=args.api_key or os.environ.get("VERISPEC_API_KEY") or None,
             max_concurrency=args.max_concurrency, max_prompt_tokens=args.max_prompt_tokens,
             max_new_tokens_limit=args.max_new_tokens_limit, speculate_max_batch=args.speculate_max_batch,
-            batch_draft=not args.draft_per_request, options=options,
+            batch_draft=not args.draft_per_request, options=options, max_body_bytes=args.max_body_bytes,
+            max_prompt_chars=args.max_prompt_chars, body_timeout=args.body_timeout,
+            allow_special_tokens=args.allow_special_tokens,
         )
     except ValueError as e:
         fail(str(e))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +30,30 @@ class Tokenizer:
     def __len__(self) -> int:
         return len(self.hf)
 
-    def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False)
+    def encode(self, text: str, *, special: bool = True) -> list[int]:
+        """Token ids of `text`. special=False: text that spells a control token (e.g. "<|im_end|>") is encoded as
+        the plain text it is, never as that token (ValueError where this tokenizer cannot)."""
+        if special or not self._spells_control(text):
+            return self.hf.encode(text, add_special_tokens=False)
+        return self._plain(text)
+
+    @cached_property
+    def controls(self) -> dict[str, int]:
+        """The control tokens (special added tokens, <unk> aside) by their text: only a chat template inserts them."""
+        return {t.content: i for i, t in self.hf.added_tokens_decoder.items()
+                if t.special and i != self.hf.unk_token_id}
+
+    def _spells_control(self, text: str) -> bool:
+        return any(c in text for c in self.controls)
+
+    def _plain(self, text: str) -> list[int]:
+        ids = self.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
+        made = [i for i in ids if i in self.controls.values()]
+        if made:
+            name = next(c for c, i in self.controls.items() if i == made[0])
+            raise ValueError(f"the text spells the control token {name!r}, which this tokenizer cannot encode as "
+                             "plain text")
+        return ids
 
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=True)
@@ -39,13 +63,45 @@ class Tokenizer:
         return bool(getattr(self.hf, "chat_template", None))
 
     def chat(self, messages: str | list[dict[str, str]]) -> list[int]:
-        """Token ids of a conversation wrapped in the model's chat template, ready for the assistant turn."""
+        """Token ids of a conversation wrapped in the model's chat template, ready for the assistant turn.
+
+        Only the template inserts control tokens: message text that spells one (a user writing "<|im_end|>" to
+        forge a turn) is encoded as plain text (ValueError where the tokenizer or template cannot do that)."""
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         if not self.has_chat_template:
             raise ValueError("this model has no chat template")
-        text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.hf.encode(text, add_special_tokens=False)
+        text = self._render(messages)
+        if not any(self._spells_control(m["content"]) for m in messages):
+            return self.hf.encode(text, add_special_tokens=False)  # the common case: exactly the template's tokens
+        return self._chat_protected(messages, text)
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def _chat_protected(self, messages: list[dict[str, str]], text: str) -> list[int]:
+        """Render the template around placeholders, so its own control strings are known; they become control
+        tokens and everything between them (template text and message text) is encoded as plain text."""
+        marks = {f"\ue000{i}\ue001": m["content"] for i, m in enumerate(messages)}
+        skeleton = self._render([{**m, "content": mark} for mark, m in zip(marks, messages)])
+        parts = re.split("(" + "|".join(map(re.escape, marks)) + ")", skeleton)  # odd indices: placeholders
+        if "".join(marks.get(p, p) for p in parts) != text:
+            raise ValueError("a message spells a control token, and this chat template does not insert message "
+                             "text verbatim, so it cannot be kept as plain text")
+        controls = re.compile("|".join(map(re.escape, sorted(self.controls, key=len, reverse=True))))
+        ids: list[int] = []
+        run = ""  # plain text since the last control token
+        for k, part in enumerate(parts):
+            if k % 2:
+                run += marks[part]
+                continue
+            at = 0
+            for m in controls.finditer(part):
+                ids += self._plain(run + part[at:m.start()])
+                ids.append(self.controls[m.group()])
+                run, at = "", m.end()
+            run += part[at:]
+        return ids + self._plain(run)
 
     def vocab(self) -> dict[str, int]:
         return self.hf.get_vocab()

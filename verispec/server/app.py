@@ -14,15 +14,17 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
-from fastapi import FastAPI, Request as HTTPRequest
+from fastapi import Depends, FastAPI, Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from verispec.engine import GenerationParams
 from verispec.models.llama import LlamaModel
@@ -51,17 +53,30 @@ class ServerSettings:
     speculate_max_batch: int = 8
     batch_draft: bool = True  # False: proposers run request by request (the comparison in the README)
     options: StrategyOptions = field(default_factory=StrategyOptions)
+    # Limits checked before any work, so that no request can stall the others:
+    max_body_bytes: int = 4 * 2**20
+    max_prompt_chars: int | None = None  # text to tokenize; None: 32 characters per allowed prompt token
+    body_timeout: float = 30.0  # seconds for the whole body to arrive once the headers have
+    allow_special_tokens: bool = False  # raw completion prompts may spell control tokens (chat text never may)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {self.strategy!r}; choose from {', '.join(STRATEGIES)}")
-        for name in ("gamma", "max_concurrency", "max_prompt_tokens", "max_new_tokens_limit"):
+        for name in ("gamma", "max_concurrency", "max_prompt_tokens", "max_new_tokens_limit", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1")
+        if self.max_prompt_chars is not None and self.max_prompt_chars < 1:
+            raise ValueError("max-prompt-chars must be at least 1")
+        if not self.body_timeout > 0:
+            raise ValueError("body-timeout must be positive")
         if not 1 <= self.gamma <= 14:
             raise ValueError("gamma must be in [1, 14]")
         if self.speculate_max_batch < 0:
             raise ValueError("speculate-max-batch must be >= 0 (0 never speculates)")
+
+    @property
+    def prompt_char_limit(self) -> int:
+        return self.max_prompt_chars or 32 * self.max_prompt_tokens
 
 
 @dataclass
@@ -188,7 +203,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api(request: HTTPRequest, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: HTTPRequest, exc: StarletteHTTPException) -> JSONResponse:
@@ -218,27 +233,82 @@ def _check_model(name: str | None, settings: ServerSettings) -> None:
                        param="model", code="model_not_found")
 
 
-def _prompt_ids(app: FastAPI, body: CompletionRequest | ChatRequest) -> list[int]:
-    with app.state.scheduler.tokenizer_lock:
-        return _encode(app.state.models.target.tokenizer, body)
+Body = TypeVar("Body", bound=BaseModel)
 
 
-def _encode(tok, body: CompletionRequest | ChatRequest) -> list[int]:
-    if isinstance(body, ChatRequest):
+def _json_body(model: type[Body]) -> Callable[[HTTPRequest], Awaitable[Body]]:
+    """A dependency giving the request body as `model`: read within the size and time limits, parsed as JSON
+    whatever its content type (`curl -d` says form-encoded), validated off the event loop."""
+
+    async def parse(http: HTTPRequest) -> Body:
+        raw = await _read_body(http, http.app.state.settings)
         try:
-            ids = tok.chat(body.chat_messages())
-        except ValueError as e:  # no chat template
-            raise APIError(400, str(e), param="messages") from None
-    elif isinstance(body.prompt, str):
-        ids = tok.encode(body.prompt)
-    else:
-        ids = list(body.prompt)
-        vocab = len(tok)
-        bad = [i for i in ids if not 0 <= i < vocab]
-        if bad:
-            raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})",
-                           param="prompt", code="invalid_token_id")
+            return await asyncio.to_thread(model.model_validate_json, raw)
+        except ValidationError as e:
+            raise RequestValidationError(e.errors(include_url=False, include_input=False)) from None
+
+    return parse
+
+
+async def _read_body(http: HTTPRequest, settings: ServerSettings) -> bytes:
+    """The body, refused (413) as soon as it is known to exceed the limit: by its declared length before a byte
+    is read, else once the bytes read pass it; 408, closing the connection, if it does not arrive in time."""
+    limit = settings.max_body_bytes
+
+    def too_large(size: str) -> APIError:
+        return APIError(413, f"the request body is {size} bytes; this server accepts at most {limit}",
+                        code="request_too_large")
+
+    declared = http.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(declared)
+    body = bytearray()
+    try:
+        async with asyncio.timeout(settings.body_timeout):
+            async for chunk in http.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large(f"more than {limit}")
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {settings.body_timeout:g} s",
+                       code="request_timeout", headers={"Connection": "close"}) from None
+    except ClientDisconnect:
+        raise APIError(400, "the client closed the connection before the body ended",
+                       headers={"Connection": "close"}) from None
+    return bytes(body)
+
+
+async def _prompt_ids(app: FastAPI, body: CompletionRequest | ChatRequest) -> list[int]:
+    """Tokenize in a worker thread (a long prompt must not stall the event loop), after the length check."""
+    settings: ServerSettings = app.state.settings
+    chars = body.text_length()
+    if chars > settings.prompt_char_limit:
+        param = "messages" if isinstance(body, ChatRequest) else "prompt"
+        raise APIError(400, f"the prompt text is {chars} characters; this server accepts at most "
+                            f"{settings.prompt_char_limit}", param=param, code="context_length_exceeded")
+
+    def encode() -> list[int]:
+        with app.state.scheduler.tokenizer_lock:
+            return _encode(app.state.models.target.tokenizer, body, settings.allow_special_tokens)
+
+    return await asyncio.to_thread(encode)
+
+
+def _encode(tok, body: CompletionRequest | ChatRequest, allow_special: bool) -> list[int]:
     param = "messages" if isinstance(body, ChatRequest) else "prompt"
+    try:
+        if isinstance(body, ChatRequest):
+            ids = tok.chat(body.chat_messages())
+        elif isinstance(body.prompt, str):
+            ids = tok.encode(body.prompt, special=allow_special)
+        else:
+            ids = list(body.prompt)
+            bad = [i for i in ids if not 0 <= i < len(tok)]
+            if bad:
+                raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary [0, {len(tok)})",
+                               param="prompt", code="invalid_token_id")
+    except ValueError as e:  # no chat template; text this tokenizer can only encode as control tokens
+        raise APIError(400, f"{param}: {e}", param=param) from None
     if not ids:
         raise APIError(400, f"{param}: the prompt is empty after tokenization", param=param)
     return ids
@@ -294,10 +364,17 @@ def _add_routes(app: FastAPI) -> None:
     async def metrics() -> Response:
         return Response(app.state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def model_card() -> dict:
+        return {"id": app.state.settings.model_name, "object": "model", "created": 0, "owned_by": "verispec"}
+
     @app.get("/v1/models")
     async def list_models() -> dict:
-        return {"object": "list", "data": [{"id": app.state.settings.model_name, "object": "model",
-                                            "created": 0, "owned_by": "verispec"}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str) -> dict:
+        _check_model(model_id, app.state.settings)
+        return model_card()
 
     @app.get("/v1/state")
     async def state() -> dict:
@@ -306,18 +383,20 @@ def _add_routes(app: FastAPI) -> None:
         return scheduler.state()
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, http: HTTPRequest) -> Response:
+    async def completions(body: Annotated[CompletionRequest, Depends(_json_body(CompletionRequest))],
+                          http: HTTPRequest) -> Response:
         return await _serve(app, http, body, chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest, http: HTTPRequest) -> Response:
+    async def chat_completions(body: Annotated[ChatRequest, Depends(_json_body(ChatRequest))],
+                               http: HTTPRequest) -> Response:
         return await _serve(app, http, body, chat=True)
 
 
 async def _serve(app: FastAPI, http: HTTPRequest, body: CompletionRequest | ChatRequest, *, chat: bool) -> Response:
     scheduler = _check_ready(app)
     _check_model(body.model, app.state.settings)
-    prompt = _prompt_ids(app, body)
+    prompt = await _prompt_ids(app, body)
     params = _params(app, body, prompt, scheduler)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
@@ -371,8 +450,8 @@ class _Shape:
 
     def full(self, text: str, token_ids: list[int], done: Done) -> dict[str, Any]:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": done.finish_reason}
+            message = {"role": "assistant", "content": text, "refusal": None}  # OpenAI's shape, echoed back as is
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": done.finish_reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": done.finish_reason}
         if self.token_ids:

@@ -100,7 +100,7 @@ class Scheduler:
         """proposer_for(strategy) builds the proposer that serves every row of that strategy (None: plain);
         it is called once per strategy, on the worker thread, when a request first asks for it."""
         self.target, self.tokenizer, self.proposer_for = target, tokenizer, proposer_for
-        # The app encodes prompts on the event loop while this thread decodes: one user of the tokenizer at a time.
+        # The app encodes prompts in worker threads while this thread decodes: one user of the tokenizer at a time.
         self.tokenizer_lock = threading.Lock()
         self.config, self.metrics = config, metrics
         self.batch = Batch(target, config.max_batch, config.max_len, slack=config.scratch, fall_back=True)
@@ -198,8 +198,8 @@ class Scheduler:
                                  stop_fn=stop_fn if request.stop else None, tag=_Stream(request, text))
         except Exception:  # noqa: BLE001
             log.exception("prefill failed")
-            request.sink(Failed("internal error while reading the prompt"))
             self.metrics.requests.labels(finish_reason="error").inc()
+            request.sink(Failed("internal error while reading the prompt"))
             return
         if seq.fell_back:
             self.metrics.draft_failures.inc()
@@ -242,24 +242,25 @@ class Scheduler:
         self.metrics.running.set(len(self.batch.live))
 
     def _send_last(self, seq: Sequence, failure: str | None = None) -> None:
-        """The request's last event: Done with its usage, or Failed."""
+        """The request's last event: Done with its usage, or Failed. Its metrics are recorded first, so that a
+        scrape made as soon as the client has its answer counts it."""
         stream, result = seq.tag, seq.result
         if failure is None and result.finish_reason == "error":
             failure = "internal error while generating"
         if failure is not None:
-            stream.request.sink(Failed(failure))
             self.metrics.requests.labels(finish_reason="error").inc()
+            stream.request.sink(Failed(failure))
             return
         now = time.perf_counter()
-        tail = stream.text.flush()  # no decoding: the text is already there
-        if tail:
-            stream.request.sink(Delta(tail, []))
         reason = result.finish_reason
-        stream.request.sink(Done("length" if reason == "length" else "stop", self._usage(seq)))
         self.metrics.requests.labels(finish_reason=reason).inc()
         self.metrics.e2e.observe(now - stream.request.arrival)
         if stream.first_token_at is not None and len(seq.out) > 1:
             self.metrics.per_token.observe((now - stream.first_token_at) / (len(seq.out) - 1))
+        tail = stream.text.flush()  # no decoding: the text is already there
+        if tail:
+            stream.request.sink(Delta(tail, []))
+        stream.request.sink(Done("length" if reason == "length" else "stop", self._usage(seq)))
 
     @staticmethod
     def _usage(seq: Sequence) -> dict:

@@ -1,9 +1,10 @@
 """OpenAI request shapes (pydantic), their validation, and the OpenAI error envelope.
 
 Requests are strict: a number sent as a string, an unknown field or a value out of range is a 400 with
-`{"error": {"message", "type", "param", "code"}}`, never a silent coercion. Fields OpenAI defines but
-verispec does not implement (penalties, logprobs, echo, n > 1) are accepted only at their neutral value, so
-a client never gets something other than what it asked for without being told.
+`{"error": {"message", "type", "param", "code"}}`, never a silent coercion. JSON `null` for an optional field
+means its default, as the official client sends it. Fields OpenAI defines but verispec does not implement
+(penalties, logprobs, tools, echo, n > 1, ...) are accepted only at their neutral value, and otherwise refused as
+"not supported by verispec", so a client never gets something other than what it asked for without being told.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import (
+    BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]
@@ -19,15 +23,48 @@ Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
 
 
-class StreamOptions(BaseModel):
+def _not_supported(*neutral: Any, why: str = "") -> Any:
+    """The type of an OpenAI field verispec does not implement: null or one of its `neutral` values (which
+    change nothing) is accepted and dropped, anything else is a `not_supported` error naming the field."""
+
+    def check(value: Any, info: ValidationInfo) -> None:
+        if value is None or any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutral):
+            return None
+        only = f"; only {' or '.join(repr(n) for n in neutral)} is accepted" if neutral else ""
+        raise PydanticCustomError("not_supported", "{field} is not supported by verispec{only}{why}",
+                                  {"field": info.field_name, "only": only, "why": f" ({why})" if why else ""})
+
+    return Annotated[Any, BeforeValidator(check)]
+
+
+_CHANGES_THE_LAW = "it would change the target's distribution"
+_Zero = _not_supported(0, why=_CHANGES_THE_LAW)
+_NoLogprobs = _not_supported(False, 0)
+_NoTools = _not_supported([], why="no tool or function calling")
+_NoToolChoice = _not_supported("none", why="no tool or function calling")
+_Absent = _not_supported()
+
+
+class _Body(BaseModel):
+    """A request object: unknown fields are refused; JSON null for an optional field means its default."""
+
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items() if v is not None or k not in fields or fields[k].is_required()}
+
+
+class StreamOptions(_Body):
     include_usage: Bool = False
 
 
-class _Sampling(BaseModel):
+class _Sampling(_Body):
     """Fields shared by both endpoints."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: Str | None = None
     max_tokens: Int | None = None
@@ -38,15 +75,18 @@ class _Sampling(BaseModel):
     stop: Str | list[Str] | None = Field(default=None, validate_default=True)
     stream: Bool = False
     stream_options: StreamOptions | None = None
-    n: Int = 1
-    user: Str | None = None
+    user: Str | None = None  # accepted and ignored, as are the two below: identifiers that change no output
+    metadata: dict[Str, Str] | None = None
+    safety_identifier: Str | None = None
     return_token_ids: Bool = False  # extension: token ids beside the text (what `verispec generate --json` shows)
     strategy: Str | None = None  # extension: the drafting strategy for this request (default: the server's)
-    # Accepted only at their neutral values:
-    presence_penalty: Float = 0.0
-    frequency_penalty: Float = 0.0
-    logprobs: Any = None
-    logit_bias: dict[str, float] | None = None
+    # OpenAI's, not implemented: accepted at their neutral value only.
+    n: _not_supported(1, why="one choice per request") = None
+    presence_penalty: _Zero = None
+    frequency_penalty: _Zero = None
+    logit_bias: _not_supported({}, why=_CHANGES_THE_LAW) = None
+    logprobs: _NoLogprobs = None
+    service_tier: _not_supported("auto", "default") = None
 
     @field_validator("temperature")
     @classmethod
@@ -91,43 +131,15 @@ class _Sampling(BaseModel):
             raise ValueError("at most 4 stop sequences")
         return [s for s in stops if s]
 
-    @field_validator("n")
-    @classmethod
-    def _n(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError("only n = 1 is supported")
-        return v
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, v: float) -> float:
-        if v != 0.0:
-            raise ValueError("penalties are not supported (they would change the target's distribution); use 0")
-        return v
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: Any) -> Any:
-        if v not in (None, False, 0):
-            raise ValueError("logprobs are not supported")
-        return None
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_bias(cls, v: dict | None) -> None:
-        if v:
-            raise ValueError("logit_bias is not supported")
-        return None
-
 
 TokenIds = list[Int]
 
 
 class CompletionRequest(_Sampling):
     prompt: Str | TokenIds | list[Str] | list[TokenIds]
-    echo: Bool = False
-    best_of: Int | None = None
-    suffix: Str | None = None
+    echo: _not_supported(False) = None
+    best_of: _not_supported(1, why="one choice per request") = None
+    suffix: _not_supported("") = None
 
     @field_validator("prompt")
     @classmethod
@@ -140,28 +152,42 @@ class CompletionRequest(_Sampling):
             raise ValueError("the prompt is empty")
         return v
 
-    @model_validator(mode="after")
-    def _unsupported(self) -> "CompletionRequest":
-        if self.echo:
-            raise ValueError("echo is not supported")
-        if self.best_of not in (None, 1):
-            raise ValueError("best_of must be 1")
-        if self.suffix:
-            raise ValueError("suffix is not supported")
-        return self
+    def text_length(self) -> int:
+        """Characters of text to tokenize (0 for token ids)."""
+        return len(self.prompt) if isinstance(self.prompt, str) else 0
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TextPart(_Body):
     type: Literal["text"]
     text: Str
 
+    @field_validator("type", mode="before")
+    @classmethod
+    def _text_only(cls, v: Any) -> Any:
+        if v in ("image_url", "input_audio", "file", "refusal"):
+            raise PydanticCustomError("not_supported", "content parts of type {kind!r} are not supported by "
+                                      "verispec (text only)", {"kind": v})
+        return v
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+
+class Message(_Body):
     role: Literal["system", "developer", "user", "assistant"]
     content: Str | list[TextPart] | None = None
     name: Str | None = None
+    # What the official client echoes back in an assistant message: accepted empty.
+    refusal: _Absent = None
+    annotations: _not_supported([]) = None
+    audio: _Absent = None
+    tool_calls: _NoTools = None
+    function_call: _Absent = None
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _no_tool_role(cls, v: Any) -> Any:
+        if v in ("tool", "function"):
+            raise PydanticCustomError("not_supported", "messages of role {role!r} are not supported by verispec "
+                                      "(no tool or function calling)", {"role": v})
+        return v
 
     def text(self) -> str:
         if self.content is None:
@@ -174,6 +200,21 @@ class Message(BaseModel):
 class ChatRequest(_Sampling):
     messages: list[Message]
     max_completion_tokens: Int | None = None  # the newer name for max_tokens
+    top_logprobs: _not_supported(0) = None
+    tools: _NoTools = None
+    tool_choice: _NoToolChoice = None
+    parallel_tool_calls: _not_supported(True, False) = None  # inert without tools
+    functions: _NoTools = None
+    function_call: _NoToolChoice = None
+    response_format: _not_supported({"type": "text"}) = None
+    modalities: _not_supported(["text"]) = None
+    audio: _Absent = None
+    prediction: _Absent = None
+    reasoning_effort: _Absent = None
+    verbosity: _Absent = None
+    web_search_options: _Absent = None
+    store: _not_supported(False) = None
+    prompt_cache_key: Str | None = None  # accepted and ignored
 
     @field_validator("messages")
     @classmethod
@@ -196,6 +237,10 @@ class ChatRequest(_Sampling):
         role = {"developer": "system"}
         return [{"role": role.get(m.role, m.role), "content": m.text()} for m in self.messages]
 
+    def text_length(self) -> int:
+        """Characters of message text to tokenize (the template adds a few more)."""
+        return sum(len(m.text()) for m in self.messages)
+
 
 # ---- errors ------------------------------------------------------------------------------------------------
 
@@ -207,42 +252,47 @@ def error_body(message: str, type_: str = "invalid_request_error", param: str | 
 
 
 class APIError(Exception):
-    """Raised by handlers; turned into `error_body` with `status`."""
+    """Raised by handlers; turned into `error_body` with `status` (and `headers`, e.g. Connection: close)."""
 
     def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
 
 
 def validation_error_body(errors: list[dict[str, Any]]) -> dict[str, Any]:
-    """A pydantic/FastAPI error list -> one OpenAI envelope, naming the first offending field.
+    """A pydantic/FastAPI error list -> one OpenAI envelope, naming the offending field.
 
-    Only the field path and pydantic's message are used: never the input value (it may be huge) and never
-    anything about the server.
+    A "not supported" error is reported first (a union's other branches would only say "not a string"). Only the
+    field path and pydantic's message are used: never the input value (it may be huge) and never anything about
+    the server.
     """
     if not errors:
         return error_body("invalid request")
-    first = errors[0]
+    first = min(errors, key=lambda e: e.get("type") != "not_supported")
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
     # Drop pydantic's union-branch labels (e.g. "str", "list[int]", "function-after[...]") from the path.
     loc = [x for x in loc if not any(c in x for c in "[]") and x not in ("str", "int", "float", "bool")]
     param = ".".join(loc) or None
     kind = first.get("type", "")
     if kind == "json_invalid":
-        return error_body("the request body is not valid JSON", param=None, code="invalid_json")
-    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    if kind == "extra_forbidden":
-        msg, code = "unknown field", "unknown_field"
-    elif kind == "missing":
-        msg, code = "field required", "missing_field"
-    elif kind.endswith("_type") or kind.endswith("_parsing"):
-        code = "invalid_type"
-    else:
-        code = "invalid_value"
+        reason = str((first.get("ctx") or {}).get("error", ""))
+        if reason.startswith("EOF while parsing a value at line 1 column 0"):
+            return error_body("the request body is empty; send a JSON object", code="invalid_json")
+        return error_body(f"the request body is not valid JSON: {reason}" if reason else
+                          "the request body is not valid JSON", code="invalid_json")
     if param is None and kind in ("model_attributes_type", "dict_type", "model_type"):
         return error_body("the request body must be a JSON object", code="invalid_type")
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if kind == "not_supported":
+        return error_body(msg, param=param, code="unsupported_parameter")
+    code = "invalid_type" if kind.endswith(("_type", "_parsing")) else "invalid_value"
+    if kind == "extra_forbidden":
+        msg, code = "unknown field (not an OpenAI parameter of this endpoint nor a verispec extension)", "unknown_field"
+    elif kind == "missing":
+        msg, code = "field required", "missing_field"
     return error_body(f"{param}: {msg}" if param else msg, param=param, code=code)
