@@ -1,8 +1,8 @@
 """A verification forward gives each token the bits a decoding step gives it (bfloat16, native model).
 
 Greedy speculation equals plain greedy decoding exactly only if the target's logits for a position do not
-depend on how many tokens shared its forward. Linear layers run one row as two (models.llama.Linear) and short
-forwards attend each prefix-seeing query alone (EXACT_ATTENTION_MAX), so they do not, on CPUs whose bf16 GEMM
+depend on how many tokens shared its forward. Linear layers run one row as two (models.llama.Linear) and every
+query is attended on its own (verispec's attention kernel, or torch's one query at a time), so they do not, on CPUs whose bf16 GEMM
 rows are independent of the row count (checked first; elsewhere these tests skip).
 """
 
@@ -13,6 +13,7 @@ import torch
 
 import verispec.models.llama as llama
 from verispec.engine import GenerationParams, generate
+from verispec.models.kernels import ATTENTION_ENV
 from verispec.models.llama import LlamaConfig, LlamaModel, seen_prefixes
 from verispec.proposers.draft_model import DraftModelProposer
 
@@ -87,14 +88,15 @@ def _masked_attention_rounds_apart(model: LlamaModel) -> bool:
 
 @pytest.mark.parametrize("drop", ["attention", "linear"])
 def test_each_exact_path_is_needed(bf16_target, monkeypatch, drop):
-    """The check above has teeth: without either path (one masked attention call over the chunk; one-row
-    GEMVs), the chunk's logits round apart from the decoding steps'. Each is needed only where this CPU's
+    """The check above has teeth: without either path (torch's attention in one masked call over the chunk,
+    instead of verispec's kernel or one call per query; one-row GEMVs), the chunk's logits round apart from the decoding steps'. Each is needed only where this CPU's
     kernels round the two ways apart (AVX-512 machines do; an AVX2 one's bf16 GEMV rounds like its GEMM), so it
     is measured first on the model's own shapes: where they agree there is nothing to catch, and the test
     skips."""
     if drop == "attention":
         if not _masked_attention_rounds_apart(bf16_target):
             pytest.skip("this CPU's attention rounds a query alike alone and beside masked others")
+        monkeypatch.setenv(ATTENTION_ENV, "sdpa")  # torch's attention, the chunk's queries in one masked call
         monkeypatch.setattr(llama, "EXACT_ATTENTION_MAX", 0)
     else:
         if not _one_row_linear_rounds_apart(bf16_target):

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from verispec.cache import BatchKVCache, CacheFullError, CommitLog
 from verispec.models.base import CausalLM
-from verispec.models.llama import EXACT_ATTENTION_MAX, LlamaModel, seen_prefixes
+from verispec.models.llama import LlamaModel, attention
 
 
 @dataclass(frozen=True)
@@ -190,12 +190,11 @@ def forward_rows(model: LlamaModel, chains: list[list[int]], cache: BatchKVCache
     cos = model.cos[positions].to(model.dtype)[:, None].to(device)  # [n, 1, T, D], broadcast over heads
     sin = model.sin[positions].to(model.dtype)[:, None].to(device)
     view = cache.rows_view(rows, slots, read)
-    # Small rounds attend each query alone, as a lone sequence's forward does (models.llama.EXACT_ATTENTION_MAX).
-    seen = [seen_prefixes(m) for m in mask] if n * t <= EXACT_ATTENTION_MAX else None
+    # each query attended as a lone sequence's forward attends it (models.llama.attention)
+    attend = attention(mask[:, None].to(device), n, model.attention_dtype, device)  # mask [n, 1, T, S]
     x = model.embed(tokens)
-    mask = mask[:, None].to(device)  # [n, 1, T, S]
     for i, layer in enumerate(model.layers[: len(model.layers) if layers is None else layers]):
-        x = layer(x, i, view, cos, sin, mask, seen)
+        x = layer(x, i, view, cos, sin, attend)
     if last_only:
         x = x[torch.arange(n, device=device), torch.tensor(lens, device=device) - 1][:, None]  # [n, 1, H]
         lens = [1] * n

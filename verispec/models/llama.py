@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -94,12 +95,14 @@ class Linear(nn.Linear):
 
 
 # Forwards of up to this many tokens (verifications, not prefills) attend each query that sees a plain prefix
-# of the keys on its own, exactly as a decoding step attends its one token. Attention kernels round a query's
-# softmax-weighted sum differently with other queries or a mask beside it; one at a time, the forward is the
-# same function of (cache, token) for every position. With Linear's one-row path this makes bfloat16
-# speculative greedy output equal plain decoding's bit for bit on a CPU (float32 and w8a8 matmuls still round
-# with the row count). A few more small kernel calls per layer.
+# of the keys on its own, exactly as a decoding step attends its one token, where torch's attention is used.
+# Attention kernels round a query's softmax-weighted sum differently with other queries or a mask beside it;
+# one at a time, the forward is the same function of (cache, token) for every position. With Linear's one-row
+# path this makes bfloat16 speculative greedy output equal plain decoding's bit for bit on a CPU. verispec's own
+# CPU attention (kernels/attention.cpp) computes every query on its own in any case, in one call per layer.
 EXACT_ATTENTION_MAX = 16
+
+Attend = Callable[[Tensor, Tensor, Tensor], Tensor]  # (q [B, H, T, D], keys, values [B, KV, S, D]) -> [B, H, T, D]
 
 
 def seen_prefixes(mask: Tensor) -> list[int | None]:
@@ -107,6 +110,41 @@ def seen_prefixes(mask: Tensor) -> list[int | None]:
     counts = mask.sum(-1)
     is_prefix = mask.int().cumprod(-1).sum(-1) == counts  # no key seen after one unseen
     return [int(n) if p else None for n, p in zip(counts.tolist(), is_prefix.tolist())]
+
+
+def attention(mask: Tensor | None, batch: int, kv_dtype: torch.dtype, device: torch.device) -> Attend:
+    """How one forward attends, chosen once for all its layers. mask: [T, S] or [B, 1, T, S] bool (which keys each
+    query sees), None for one token that sees them all.
+
+    On a CPU with a float32 cache: verispec's kernel, each query on its own. Elsewhere torch's attention, with the
+    queries that see a plain prefix attended one at a time in forwards of up to EXACT_ATTENTION_MAX tokens."""
+    from verispec.models.kernels import attention_kernel
+
+    kernel = attention_kernel() if device.type == "cpu" and kv_dtype == torch.float32 else None
+    if kernel is not None:
+        m = (torch.empty(0, dtype=torch.bool) if mask is None else
+             mask.reshape(-1, *mask.shape[-2:]).expand(batch, -1, -1).contiguous())
+        return lambda q, k, v: kernel.attention(q, k, v, m, q.shape[-1] ** -0.5)
+    if mask is not None and mask.dim() == 2:
+        mask = mask[None, None]
+    seen = ([seen_prefixes(m[0]) for m in mask.expand(batch, -1, -1, -1)]
+            if mask is not None and batch * mask.shape[-2] <= EXACT_ATTENTION_MAX else None)
+
+    def sdpa(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        gqa = k.shape[1] != q.shape[1]
+        if seen is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        # the masked call covers only the query positions some row cannot attend alone
+        rest = sorted({i for row in seen for i, n in enumerate(row) if n is None})
+        at = {i: j for j, i in enumerate(rest)}
+        masked = F.scaled_dot_product_attention(
+            q[:, :, rest], k, v, attn_mask=mask[..., rest, :], enable_gqa=gqa) if rest else None
+        return torch.cat([torch.cat([
+            masked[b : b + 1, :, at[i] : at[i] + 1] if n is None else F.scaled_dot_product_attention(
+                q[b : b + 1, :, i : i + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n], enable_gqa=gqa)
+            for i, n in enumerate(row)], dim=2) for b, row in enumerate(seen)], dim=0)
+
+    return sdpa
 
 
 def rope_tables(head_dim: int, max_len: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -135,11 +173,8 @@ class Block(nn.Module):
         self.w13 = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)  # gate and up, fused
         self.w2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, layer: int, cache: KVCache, cos: Tensor, sin: Tensor, mask: Tensor | None,
-                seen: list[list[int | None]] | None = None) -> Tensor:
-        """seen[b][i]: the number of keys query i of row b sees when they are exactly keys 0 .. seen[b][i]-1;
-        such queries are attended one at a time, as a decoding step attends its token (see LlamaModel.forward);
-        None: by the masked call."""
+    def forward(self, x: Tensor, layer: int, cache: KVCache, cos: Tensor, sin: Tensor, attend: Attend) -> Tensor:
+        """attend: how this forward attends (`attention`), the same for every layer."""
         batch, t, _ = x.shape
         qkv = self.wqkv(self.attn_norm(x))
         q, k, v = qkv.split([self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
@@ -147,19 +182,7 @@ class Block(nn.Module):
         k = apply_rope(k.view(batch, t, self.n_kv, self.hd).transpose(1, 2), cos, sin)
         v = v.view(batch, t, self.n_kv, self.hd).transpose(1, 2)
         k_all, v_all = cache.write(layer, k, v)  # [B, KV, length + T, D], in the cache's dtype (attention_dtype)
-        q, gqa = q.to(k_all.dtype), self.n_kv != self.n_heads
-        if seen is None:
-            attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=gqa)
-        else:
-            # the masked call covers only the query positions some row cannot attend alone
-            rest = sorted({i for row in seen for i, n in enumerate(row) if n is None})
-            at = {i: j for j, i in enumerate(rest)}
-            masked = F.scaled_dot_product_attention(
-                q[:, :, rest], k_all, v_all, attn_mask=mask[..., rest, :], enable_gqa=gqa) if rest else None
-            attn = torch.cat([torch.cat([
-                masked[b : b + 1, :, at[i] : at[i] + 1] if n is None else F.scaled_dot_product_attention(
-                    q[b : b + 1, :, i : i + 1], k_all[b : b + 1, :, :n], v_all[b : b + 1, :, :n], enable_gqa=gqa)
-                for i, n in enumerate(row)], dim=2) for b, row in enumerate(seen)], dim=0)
+        attn = attend(q.to(k_all.dtype), k_all, v_all)
         x = x + self.wo(attn.to(x.dtype).transpose(1, 2).reshape(batch, t, -1))
         gate, up = self.w13(self.ffn_norm(x)).chunk(2, dim=-1)
         return x + self.w2(F.silu(gate) * up)
@@ -245,10 +268,10 @@ class LlamaModel(nn.Module):
             mask = torch.ones(t, start + t, dtype=torch.bool, device=tokens.device).tril(start)
         else:  # a single token sees everything
             mask = None
-        seen = [seen_prefixes(mask)] if mask is not None and t <= EXACT_ATTENTION_MAX else None
+        attend = attention(mask, tokens.shape[0], self.attention_dtype, self.device)
         x = self.embed(tokens)
         for i, layer in enumerate(self.layers[: len(self.layers) if layers is None else layers]):
-            x = layer(x, i, cache, cos, sin, mask, seen)
+            x = layer(x, i, cache, cos, sin, attend)
         if last_n is not None:
             x = x[:, -last_n:]
         return self.lm_head(self.norm(x))

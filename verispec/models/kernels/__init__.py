@@ -1,4 +1,5 @@
-"""verispec's own CPU kernel (w4a8.cpp), compiled on first use and cached per machine.
+"""verispec's own CPU kernels (w4a8.cpp: the quantized matmul; attention.cpp: attention over a float32 KV cache),
+compiled on first use and cached per machine.
 
 PyTorch ships no 4-bit-weight x 8-bit-activation matmul for x86, and that is the kernel a CPU decoding step
 needs: it is bound by reading weights, and verification must cost about what a 1-token step costs. The
@@ -29,11 +30,13 @@ ISA_FLAGS = {
 }
 # -fopenmp: at::parallel_for is inlined from ATen's headers as an OpenMP loop; compiled without it, the pragma is
 # dropped and the kernel runs on one thread (measured: 1 and 2 threads equally fast until it was added).
+# -ffp-contract=off: attention.cpp's plain C++ must round the same in both builds (no fused multiply-adds added).
 ISA_CFLAGS = {
-    "avx512": ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-mf16c"],
-    "avx2": ["-O3", "-fopenmp", "-mavx2", "-mfma", "-mf16c"],
+    "avx512": ["-O3", "-fopenmp", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-mf16c"],
+    "avx2": ["-O3", "-fopenmp", "-ffp-contract=off", "-mavx2", "-mfma", "-mf16c"],
 }
 LDFLAGS = ["-fopenmp"]
+SOURCES = ("w4a8.cpp", "attention.cpp")
 ISAS = tuple(ISA_FLAGS)
 NEEDED_FLAGS = ISA_FLAGS["avx512"]  # the fastest build's
 CFLAGS = ISA_CFLAGS["avx512"]
@@ -113,6 +116,25 @@ def w4a8(isa: str | None = None) -> ModuleType:
 
 _chosen: dict[str | None, ModuleType] = {}  # w4a8()'s module for each value of $VERISPEC_KERNEL_ISA seen
 
+ATTENTION_ENV = "VERISPEC_ATTENTION"  # "sdpa": torch's attention, one query at a time (to compare, or to debug)
+
+
+def attention_kernel() -> ModuleType | None:
+    """The compiled module whose `attention` a CPU forward over a float32 KV cache uses, or None where it cannot be
+    built (no x86 AVX2 CPU, no compiler) or `$VERISPEC_ATTENTION=sdpa`: models then use torch's attention."""
+    if os.environ.get(ATTENTION_ENV, "").strip().lower() == "sdpa":
+        return None
+    want = os.environ.get(ISA_ENV)
+    if want not in _attention:
+        try:
+            _attention[want] = w4a8()
+        except KernelError:
+            _attention[want] = None
+    return _attention[want]
+
+
+_attention: dict[str | None, ModuleType | None] = {}
+
 
 @functools.cache
 def _build(isa: str) -> ModuleType:
@@ -121,8 +143,9 @@ def _build(isa: str) -> ModuleType:
     from verispec.models.packaged import cache_dir
 
     cflags = ISA_CFLAGS[isa]
-    src = Path(__file__).with_name("w4a8.cpp")
-    key = hashlib.sha256(src.read_bytes() + " ".join([torch.__version__, sys.version, *cflags]).encode()).hexdigest()[:16]
+    sources = [Path(__file__).with_name(name) for name in SOURCES]
+    code = b"".join(src.read_bytes() for src in sources)
+    key = hashlib.sha256(code + " ".join([torch.__version__, sys.version, *cflags]).encode()).hexdigest()[:16]
     build = cache_dir() / "kernels" / f"w4a8-{isa}-{key}"
     build.mkdir(parents=True, exist_ok=True)
     try:  # the `ninja` wheel puts its binary beside the interpreter, which is not on PATH unless the venv is active
@@ -134,7 +157,7 @@ def _build(isa: str) -> ModuleType:
     if not any(build.glob("*.so")):
         print(f"compiling verispec's w4a8 CPU kernel for {isa} (once per machine, about 20 s)...", file=sys.stderr)
     try:
-        return cpp_extension.load(name=f"verispec_w4a8_{isa}_{key}", sources=[str(src)], extra_cflags=cflags,
+        return cpp_extension.load(name=f"verispec_w4a8_{isa}_{key}", sources=[str(src) for src in sources], extra_cflags=cflags,
                                   extra_ldflags=LDFLAGS,
                                   build_directory=str(build), verbose=False)
     except (RuntimeError, OSError, ImportError) as e:  # no compiler, no ninja, a failed build

@@ -208,7 +208,10 @@ torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor s, torch::
   return y;
 }
 
+torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor mask, double scale);  // attention.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("w4a8_mm", &w4a8_mm, "4-bit weight x int8 activation matmul");
+  m.def("attention", &attention, "attention of each query on its own over a float32 KV cache");
   m.def("isa", [] { return std::string(kIsa); }, "the instruction set this build uses: avx512 or avx2");
 }

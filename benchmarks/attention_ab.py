@@ -1,0 +1,66 @@
+"""A/B of the attention a CPU forward uses: verispec's kernel against torch's (one query at a time), interleaved.
+
+    python benchmarks/attention_ab.py [--context 400] [--sizes 1,5] [--reps 15]
+
+For the default pair as run (w4a8 target, w4a8-4bit draft), the median ms of a target forward over k new tokens
+and of a draft step, on a `--context`-token cache, with $VERISPEC_ATTENTION switched between the two for each
+repetition, so both see the same machine load. Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+from verispec.models.kernels import ATTENTION_ENV, cpu_flags, kernel_isa
+from verispec.models.load import default_threads, load
+from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
+
+MODES = {"kernel": "", "sdpa": "sdpa"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--context", type=int, default=400)
+    ap.add_argument("--sizes", default="1,5", help="target forward sizes (new tokens), comma list")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--target-dtype", default="w4a8")
+    ap.add_argument("--draft-dtype", default="w4a8-4bit")
+    args = ap.parse_args()
+    default_threads()
+    models = {"target": load(DEFAULT_TARGET, dtype=args.target_dtype).model,
+              "draft": load(DEFAULT_DRAFT, dtype=args.draft_dtype).model}
+    gen = torch.Generator().manual_seed(0)
+    cases = [("target", int(k)) for k in args.sizes.split(",")] + [("draft", 1)]
+    caches = {}
+    for name, model in models.items():
+        cache = model.new_cache(args.context + 32)
+        model.forward(torch.randint(1000, (1, args.context), generator=gen), cache, last_n=1)
+        cache.commit(args.context)
+        caches[name] = cache
+    times: dict[tuple[str, int, str], list[float]] = {(n, k, m): [] for n, k in cases for m in MODES}
+    for rep in range(args.reps + 2):  # the first two are warm-up
+        for name, k in cases:
+            x = torch.randint(1000, (1, k), generator=gen)
+            for mode, value in (MODES.items() if rep % 2 else reversed(MODES.items())):
+                os.environ[ATTENTION_ENV] = value
+                t0 = time.perf_counter()
+                models[name].forward(x, caches[name], last_n=k)  # commits nothing: the cache stays at --context
+                if rep >= 2:
+                    times[(name, k, mode)].append(time.perf_counter() - t0)
+    vnni = "avx512_vnni" if "avx512_vnni" in cpu_flags() else "no avx512_vnni"
+    print(f"{vnni}, kernel build {kernel_isa()}, {torch.get_num_threads()} threads; context {args.context}; {args.reps} repetitions, interleaved; median ms\n")
+    print("| forward | tokens | kernel ms | sdpa ms | sdpa / kernel |")
+    print("|---|---|---|---|---|")
+    for name, k in cases:
+        a, b = (1000 * statistics.median(times[(name, k, m)]) for m in MODES)
+        print(f"| {name} | {k} | {a:.1f} | {b:.1f} | {b / a:.2f}× |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,120 @@
+"""verispec's CPU attention kernel (kernels/attention.cpp): right, and each query computed on its own.
+
+Exact greedy speculation needs a verified token to get the bits a decoding step gives it, so a query's result
+must not depend on the queries, rows or masked keys beside it: checked bit for bit here, in both builds (AVX-512
+and AVX2, which must also agree with each other), against torch's attention for the values.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from verispec.models import kernels
+from verispec.models.kernels import ATTENTION_ENV, KernelError
+
+NO_MASK = torch.empty(0, dtype=torch.bool)
+
+
+def _builds() -> list:
+    try:
+        return [kernels.w4a8(isa) for isa in kernels.available_isas()]
+    except KernelError as e:  # no compiler here: the models use torch's attention
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def builds() -> list:
+    found = _builds()
+    if not found:
+        pytest.skip("this CPU has neither AVX-512 VNNI nor AVX2: the models use torch's attention")
+    return found
+
+
+# (batch, heads, kv heads, queries, keys, head dim): the real pair's shapes, and odd head sizes (zero-padded)
+SHAPES = [(1, 12, 2, 1, 300, 128), (2, 14, 2, 5, 77, 64), (1, 4, 4, 3, 7, 16), (3, 6, 2, 4, 33, 24), (1, 4, 2, 2, 9, 8)]
+
+
+def _qkv(b: int, h: int, kv: int, t: int, s: int, d: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(b, n, m, d, generator=gen) for n, m in ((h, t), (kv, s), (kv, s)))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_kernel_matches_torch_attention(builds, shape):
+    b, h, kv, t, s, d = shape
+    q, k, v = _qkv(*shape)
+    causal = torch.ones(t, s, dtype=torch.bool).tril(s - t)
+    tree = causal.clone()
+    tree[-1, s - t] = False  # the last query skips the first new token: a branch of a tree
+    for mask in (causal, tree):
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        for mod in builds:
+            got = mod.attention(q, k, v, mask.expand(b, t, s).contiguous(), d**-0.5)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for mod in builds:  # an empty mask means causal
+        assert torch.equal(mod.attention(q, k, v, NO_MASK, d**-0.5),
+                           mod.attention(q, k, v, causal.expand(b, t, s).contiguous(), d**-0.5))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_each_query_gets_the_bits_it_gets_alone(builds, shape):
+    """Query t of row r over the keys it sees, attended in one call with every other query and row, equals the
+    same query attended alone (as a decoding step) over exactly those keys, through a strided cache view."""
+    b, h, kv, t, s, d = shape
+    q, k, v = _qkv(*shape, seed=1)
+    cache_k, cache_v = torch.zeros(b, kv, s + 20, d), torch.zeros(b, kv, s + 20, d)  # slots past S: scratch
+    cache_k[:, :, :s], cache_v[:, :, :s] = k, v
+    for mod in builds:
+        together = mod.attention(q, cache_k[:, :, :s], cache_v[:, :, :s], NO_MASK, d**-0.5)
+        for r in range(b):
+            for i in range(t):
+                n = s - t + i + 1
+                alone = mod.attention(q[r : r + 1, :, i : i + 1], cache_k[r : r + 1, :, :n],
+                                      cache_v[r : r + 1, :, :n], NO_MASK, d**-0.5)
+                assert torch.equal(alone[0, :, 0], together[r, :, i]), (r, i)
+
+
+def test_builds_agree_bit_for_bit(builds):
+    if len(builds) < 2:
+        pytest.skip("one kernel build runs on this CPU")
+    q, k, v = _qkv(2, 14, 2, 5, 130, 64, seed=2)
+    mask = torch.rand(2, 5, 130, generator=torch.Generator().manual_seed(3)) < 0.7
+    outs = [mod.attention(q, k, v, mask, 0.125) for mod in builds]
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_unseen_keys_and_a_query_that_sees_none(builds):
+    """Keys a query does not see change nothing, whatever they hold; a query that sees no key gets zeros."""
+    q, k, v = _qkv(1, 4, 2, 2, 10, 16, seed=4)
+    mask = torch.zeros(1, 2, 10, dtype=torch.bool)
+    mask[0, 0, :6] = True
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 6:], v2[:, :, 6:] = 1e30, float("nan")
+    for mod in builds:
+        a, b = mod.attention(q, k, v, mask, 0.25), mod.attention(q, k2, v2, mask, 0.25)
+        assert torch.equal(a, b)
+        assert torch.equal(a[:, :, 1], torch.zeros(1, 4, 16))
+
+
+def test_models_use_the_kernel_and_agree_with_torch_attention(builds, tiny_target, monkeypatch):
+    """The native model's CPU forward goes through the kernel (the count says so), and its logits match the
+    same forward on torch's attention."""
+    tokens = torch.randint(0, tiny_target.vocab_size, (1, 12), generator=torch.Generator().manual_seed(5))
+    calls = []
+    real = kernels.attention_kernel()
+    assert real is not None
+
+    class Counting:
+        def attention(self, *args):
+            calls.append(1)
+            return real.attention(*args)
+
+    monkeypatch.setattr(kernels, "attention_kernel", lambda: Counting())
+    ours = tiny_target.forward(tokens, tiny_target.new_cache(32))
+    assert len(calls) == tiny_target.cfg.num_hidden_layers
+    monkeypatch.undo()
+    monkeypatch.setenv(ATTENTION_ENV, "sdpa")
+    assert kernels.attention_kernel() is None
+    torch.testing.assert_close(ours, tiny_target.forward(tokens, tiny_target.new_cache(32)), rtol=1e-4, atol=1e-4)

@@ -1,0 +1,174 @@
+// Attention of a few new queries over a float32 KV cache: what a decoding step, a draft step and a verification
+// forward spend their non-matmul time in on a CPU.
+//
+// Each query is computed on its own, by the same instructions whatever else is in the forward: its scores over
+// the keys it sees, their softmax and the weighted sum of values depend only on (query, those keys and values).
+// So a token verified among drafts, or in a batch of rows, gets the bits that a one-token decoding step gives it,
+// which exact greedy speculation needs. (torch's attention kernels tile queries together and round a query's
+// result differently with other queries beside it; the Python fallback therefore calls them once per query.)
+//
+// The code uses GCC's 16-float vectors (one AVX-512 register, or two AVX2 ones): element-wise IEEE operations in a
+// fixed order, no reassociation or contraction (-ffp-contract=off), so the AVX-512 and AVX2 builds give the same
+// bits. A head dimension that is not a multiple of 16 is zero-padded in registers (zeros add nothing).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+typedef float f16v __attribute__((vector_size(64)));
+typedef int32_t i16v __attribute__((vector_size(64)));
+constexpr int kLanes = 16;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline f16v splat(float x) { return f16v{} + x; }
+inline f16v load(const float* p) {
+  f16v v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline f16v load(const float* p, int n) {  // the first n floats, the rest zeros (a call to memcpy: slow)
+  if (n == kLanes) return load(p);
+  f16v v = {};
+  std::memcpy(&v, p, sizeof(float) * n);
+  return v;
+}
+
+// The lanes' sum in a fixed order: halves, quarters, eighths, pairs.
+inline float hsum(f16v a) {
+  a += __builtin_shuffle(a, i16v{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+  a += __builtin_shuffle(a, i16v{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+  a += __builtin_shuffle(a, i16v{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+  a += __builtin_shuffle(a, i16v{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+  return a[0];
+}
+
+// e^x for x <= 0 (x may be -inf), about 1 ulp (Cephes' expf polynomial); exactly 0 below -87, where e^x would
+// be subnormal: a probability that small changes no sum it is added to.
+inline f16v exp_nonpositive(f16v x) {
+  const f16v xc = x < -87.0f ? splat(-87.0f) : x;
+  const f16v t = xc * 1.44269504088896341f + 0.5f;
+  f16v fn = __builtin_convertvector(__builtin_convertvector(t, i16v), f16v);  // truncated toward zero
+  fn += __builtin_convertvector(fn > t, f16v);  // -1 where truncation rounded up: floor(t)
+  f16v r = xc - fn * 0.693359375f;
+  r = r - fn * -2.12194440e-4f;
+  f16v p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const f16v scale = reinterpret_cast<f16v>((__builtin_convertvector(fn, i16v) + 127) << 23);
+  return x < -87.0f ? splat(0.0f) : p * scale;
+}
+
+// One (row, key head, query) of attention() for its R query heads. ND: vectors per head (D / 16) when a
+// compile-time constant for the common head sizes (a multiple of 16), so that a head's vectors stay in
+// registers; 0: at run time, the last vector zero-padded.
+template <int ND>
+void attend(const float* const* qs, int64_t R, const float* kb, int64_t ks, const float* vb, int64_t vs,
+            const bool* seen, int64_t n, int64_t D, float scale, float* const* os, std::vector<float>& scores) {
+  const int64_t nd = ND ? ND : (D + kLanes - 1) / kLanes;
+  const int tail = ND ? kLanes : static_cast<int>(D - (nd - 1) * kLanes);  // floats in the last vector
+  const int64_t padded = (n + kLanes - 1) / kLanes * kLanes;
+  scores.assign(R * padded, kNegInf);
+  f16v kv[ND ? ND : 1];
+  std::vector<f16v> dyn(ND ? 0 : nd);
+  f16v* kj = ND ? kv : dyn.data();
+  for (int64_t j = 0; j < n; ++j) {
+    if (seen && !seen[j]) continue;
+    for (int64_t i = 0; i < nd; ++i) kj[i] = ND ? load(kb + j * ks + i * kLanes) : load(kb + j * ks + i * kLanes, i + 1 < nd ? kLanes : tail);
+    for (int64_t r = 0; r < R; ++r) {
+      f16v acc = (ND ? load(qs[r]) : load(qs[r], nd > 1 ? kLanes : tail)) * kj[0];
+      for (int64_t i = 1; i < nd; ++i) acc += (ND ? load(qs[r] + i * kLanes) : load(qs[r] + i * kLanes, i + 1 < nd ? kLanes : tail)) * kj[i];
+      scores[r * padded + j] = hsum(acc) * scale;
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    float* s = scores.data() + r * padded;
+    float m = kNegInf;
+    for (int64_t j = 0; j < n; ++j) m = s[j] > m ? s[j] : m;
+    float* o = os[r];
+    if (m == kNegInf) {  // sees no key: zeros, as a fully masked row would be
+      std::memset(o, 0, sizeof(float) * D);
+      continue;
+    }
+    f16v sum = {};
+    for (int64_t j = 0; j < padded; j += kLanes) {
+      const f16v p = exp_nonpositive(load(s + j) - m);  // the padding's -inf gives 0
+      std::memcpy(s + j, &p, sizeof p);
+      sum += p;
+    }
+    const float total = hsum(sum);
+    f16v accv[ND ? ND : 1] = {};
+    std::vector<f16v> accd(ND ? 0 : nd);
+    f16v* acc = ND ? accv : accd.data();
+    for (int64_t j = 0; j < n; ++j) {
+      if (s[j] == 0.0f) continue;  // adds nothing (an unseen key, or e^x below -87)
+      const f16v p = splat(s[j]);
+      const float* vj = vb + j * vs;
+      for (int64_t i = 0; i < nd; ++i) acc[i] += p * (ND ? load(vj + i * kLanes) : load(vj + i * kLanes, i + 1 < nd ? kLanes : tail));
+    }
+    for (int64_t i = 0; i < nd; ++i) {
+      const f16v out = acc[i] / total;
+      std::memcpy(o + i * kLanes, &out, sizeof(float) * (i + 1 < nd ? kLanes : tail));
+    }
+  }
+}
+
+}  // namespace
+
+// q [B, H, T, D], k and v [B, KV, S, D] (any strides, the last dimension contiguous), all float32; mask [B, T, S]
+// bool (true: the query sees the key), or empty for causal (query t sees keys 0 .. S - T + t). H a multiple of
+// KV (grouped-query attention). Returns softmax(q k^T * scale) v as [B, H, T, D] float32.
+torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor mask, double scale) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v: [B, heads, tokens, head_dim]");
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
+              v.scalar_type() == torch::kFloat32, "q, k, v: float32");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "q, k, v: contiguous head_dim");
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  const int64_t KV = k.size(1), S = k.size(2);
+  TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == KV && v.size(2) == S && k.size(3) == D &&
+              v.size(3) == D && KV > 0 && H % KV == 0 && D > 0, "k, v: [B, KV, S, D] with H a multiple of KV");
+  TORCH_CHECK(T <= S, "more queries than keys");
+  const bool masked = mask.numel() > 0;
+  if (masked)
+    TORCH_CHECK(mask.scalar_type() == torch::kBool && mask.is_contiguous() && mask.dim() == 3 &&
+                mask.size(0) == B && mask.size(1) == T && mask.size(2) == S, "mask: contiguous [B, T, S] bool");
+  const int64_t R = H / KV;  // query heads per key head
+  auto out = torch::empty({B, H, T, D}, torch::kFloat32);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const bool* mp = masked ? mask.data_ptr<bool>() : nullptr;
+  float* op = out.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  const int64_t nd = (D + kLanes - 1) / kLanes;
+  const auto fn = D == 128 ? attend<8> : D == 64 ? attend<4> : attend<0>;
+  // one task per (row, key head, query): its R query heads share every key and value read
+  at::parallel_for(0, B * KV * T, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores;
+    std::vector<const float*> qs(R);
+    std::vector<float*> os(R);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / (KV * T), g = (i / T) % KV, t = i % T;
+      const bool* seen = masked ? mp + (b * T + t) * S : nullptr;
+      int64_t n = S - T + t + 1;  // keys 0 .. n - 1 hold every key this query sees
+      if (masked) {
+        n = S;
+        while (n > 0 && !seen[n - 1]) --n;
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        qs[r] = qp + b * q.stride(0) + (g * R + r) * q.stride(1) + t * q.stride(2);
+        os[r] = op + ((b * H + g * R + r) * T + t) * D;
+      }
+      fn(qs.data(), R, kp + b * k.stride(0) + g * k.stride(1), k.stride(2), vp + b * v.stride(0) + g * v.stride(1),
+         v.stride(2), seen, n, D, sc, os.data(), scores);
+    }
+  });
+  return out;
+}
