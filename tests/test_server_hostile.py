@@ -205,6 +205,15 @@ def test_openai_client_round_trip(url, models):
                                        tools=[{"type": "function", "function": {"name": "f"}}])
 
 
+@pytest.mark.parametrize("top_p", [5e-324, 1e-300, 1e-39])
+def test_a_top_p_below_float32s_range_keeps_the_top_token(url, models, top_p):
+    """Found by the fuzz test: such a top_p rounded to 0 against float32 mass, kept nothing, and failed (500)."""
+    want = reference(models, models.target.tokenizer.encode("x ( a )"), 6)
+    with httpx.Client(base_url=url, timeout=30) as c:
+        out = complete(c, "x ( a )", 6, temperature=1.0, top_p=top_p, seed=1)
+    assert out["choices"][0]["token_ids"] == want
+
+
 # ---- limits before work, a body timeout -------------------------------------------------------------------------
 
 

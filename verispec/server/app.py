@@ -273,7 +273,7 @@ async def _read_body(http: HTTPRequest, settings: ServerSettings) -> bytes:
         raise APIError(408, f"the request body did not arrive within {settings.body_timeout:g} s",
                        code="request_timeout", headers={"Connection": "close"}) from None
     except ClientDisconnect:
-        raise APIError(400, "the client closed the connection before the body ended",
+        raise APIError(400, "the client closed the connection before the body ended", code="incomplete_body",
                        headers={"Connection": "close"}) from None
     return bytes(body)
 
@@ -308,9 +308,9 @@ def _encode(tok, body: CompletionRequest | ChatRequest, allow_special: bool) -> 
                 raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary [0, {len(tok)})",
                                param="prompt", code="invalid_token_id")
     except ValueError as e:  # no chat template; text this tokenizer can only encode as control tokens
-        raise APIError(400, f"{param}: {e}", param=param) from None
+        raise APIError(400, f"{param}: {e}", param=param, code="invalid_value") from None
     if not ids:
-        raise APIError(400, f"{param}: the prompt is empty after tokenization", param=param)
+        raise APIError(400, f"{param}: the prompt is empty after tokenization", param=param, code="invalid_value")
     return ids
 
 
@@ -330,7 +330,7 @@ def _params(app: FastAPI, body: CompletionRequest | ChatRequest, prompt: list[in
                            param=param, code="context_length_exceeded")
     elif max_tokens > settings.max_new_tokens_limit:
         raise APIError(400, f"max_tokens is {max_tokens}; this server allows at most "
-                            f"{settings.max_new_tokens_limit}", param="max_tokens")
+                            f"{settings.max_new_tokens_limit}", param="max_tokens", code="invalid_value")
     elif max_tokens > room:
         raise APIError(400, f"the prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the "
                             f"context of {scheduler.max_len} tokens", param="max_tokens",
@@ -345,9 +345,11 @@ def _strategy(app: FastAPI, body: CompletionRequest | ChatRequest) -> str:
     """The request's `strategy` (an extension field), else the server's."""
     name = body.strategy or app.state.settings.strategy
     if name not in STRATEGIES:
-        raise APIError(400, f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}", param="strategy")
+        raise APIError(400, f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}", param="strategy",
+                       code="invalid_value")
     if STRATEGIES[name].needs_draft and app.state.models.draft is None:
-        raise APIError(400, f"strategy {name!r} needs a draft model, and this server has none", param="strategy")
+        raise APIError(400, f"strategy {name!r} needs a draft model, and this server has none", param="strategy",
+                       code="invalid_value")
     return name
 
 
