@@ -14,7 +14,6 @@ import threading
 from collections import Counter
 
 import httpx
-import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from tests.test_server import MODEL, PROMPTS, dirs, live, models, reference, settings, sse  # noqa: F401 - fixtures
