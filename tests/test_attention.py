@@ -118,3 +118,23 @@ def test_models_use_the_kernel_and_agree_with_torch_attention(builds, tiny_targe
     monkeypatch.setenv(ATTENTION_ENV, "sdpa")
     assert kernels.attention_kernel() is None
     torch.testing.assert_close(ours, tiny_target.forward(tokens, tiny_target.new_cache(32)), rtol=1e-4, atol=1e-4)
+
+
+def test_w4a8_layers_run_compiled_and_agree_with_torch_calls(builds, tiny_target, monkeypatch):
+    """A w4a8 model's blocks are marked for kernels/layer.cpp, and one block's output matches its torch-call path."""
+    import copy
+
+    from verispec.models.kernels import LAYER_ENV
+    from verispec.models.llama import attention
+    from verispec.models.quant import quantize
+
+    model = quantize(copy.deepcopy(tiny_target).float(), "w4a8")
+    assert all(b.w4a8 for b in model.layers)
+    x = torch.randn(2, 5, model.cfg.hidden_size, generator=torch.Generator().manual_seed(6))
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    outs = []
+    for mode in ("", "python"):
+        monkeypatch.setenv(LAYER_ENV, mode)
+        cache = model.new_cache(8, batch=2)
+        outs.append(model.layers[0](x, 0, cache, model.cos[:5], model.sin[:5], attention(mask, 2, torch.float32, x.device)))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)

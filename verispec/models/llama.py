@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -172,9 +173,18 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.w13 = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)  # gate and up, fused
         self.w2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        # Set by quant.quantize where all four linears run on the w4a8 kernel: the layer's other work then runs in
+        # two compiled calls (kernels/layer.cpp) instead of ~40 torch calls.
+        self.w4a8 = False
 
     def forward(self, x: Tensor, layer: int, cache: KVCache, cos: Tensor, sin: Tensor, attend: Attend) -> Tensor:
         """attend: how this forward attends (`attention`), the same for every layer."""
+        if self.w4a8 and x.dtype == torch.float32:
+            from verispec.models.kernels import layer_kernel
+
+            kernel = layer_kernel()
+            if kernel is not None:
+                return self._compiled(kernel, x, layer, cache, cos, sin, attend)
         batch, t, _ = x.shape
         qkv = self.wqkv(self.attn_norm(x))
         q, k, v = qkv.split([self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
@@ -186,6 +196,22 @@ class Block(nn.Module):
         x = x + self.wo(attn.to(x.dtype).transpose(1, 2).reshape(batch, t, -1))
         gate, up = self.w13(self.ffn_norm(x)).chunk(2, dim=-1)
         return x + self.w2(F.silu(gate) * up)
+
+    def _compiled(self, kernel: Any, x: Tensor, layer: int, cache: KVCache, cos: Tensor, sin: Tensor,
+                  attend: Attend) -> Tensor:
+        """forward, with the work before and after attention in kernels/layer.cpp (w4a8 linears only)."""
+        batch, t, width = x.shape
+        rows = x.reshape(batch * t, width).contiguous()
+        cos, sin = (c.reshape(-1, t, self.hd).contiguous() for c in (cos, sin))
+        qkv = kernel.layer_pre(rows, self.attn_norm.weight, self.attn_norm.eps, *self.wqkv.operands(), cos, sin,
+                               self.n_heads, self.n_kv, t).view(batch, t, -1)
+        q, k, v = (part.view(batch, t, -1, self.hd).transpose(1, 2) for part in qkv.split(
+            [self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1))
+        k_all, v_all = cache.write(layer, k, v)
+        attn = attend(q, k_all, v_all).transpose(1, 2).reshape(batch * t, -1)
+        out = kernel.layer_post(rows, attn, *self.wo.operands()[:3], self.ffn_norm.weight, self.ffn_norm.eps,
+                                *self.w13.operands()[:3], *self.w2.operands()[:3])
+        return out.view(batch, t, width)
 
 
 class LlamaModel(nn.Module):

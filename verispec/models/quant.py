@@ -204,14 +204,23 @@ class W4A8Linear(nn.Module):
             self.weight = torch.empty(saved.shape, dtype=saved.dtype, device=self.weight.device)
         super()._load_from_state_dict(state, prefix, *args)
 
+    @property
+    def unpadded(self) -> bool:
+        """Whether the kernel's tiles fit the matrix exactly (true of real models), so its operands are the layer."""
+        return self._padded == (self.in_features, self.out_features)
+
+    def operands(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The kernel's arguments after the activations: packed weights, scales, offsets, bias (empty: none)."""
+        bias = self.bias if self.bias is not None else torch.empty(0)
+        return self.weight, self.scales, self.offsets, bias
+
     def forward(self, x: Tensor) -> Tensor:
         from verispec.models.kernels import w4a8
 
         flat = x.reshape(-1, self.in_features).float()
         kp, np_ = self._padded
         flat = torch.nn.functional.pad(flat, (0, kp - self.in_features)) if kp != self.in_features else flat.contiguous()
-        bias = self.bias if self.bias is not None else flat.new_empty(0)
-        y = w4a8().w4a8_mm(flat, self.weight, self.scales, self.offsets, bias)
+        y = w4a8().w4a8_mm(flat, *self.operands())
         if np_ != self.out_features:
             y = y[:, : self.out_features]
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -220,6 +229,8 @@ class W4A8Linear(nn.Module):
 def quantize(model: nn.Module, kind: str = "int8") -> nn.Module:
     """Replace every nn.Linear (including a tied LM head, which gets its own copy) in place; the model
     must run in bfloat16 activations afterwards. int4 falls back to int8 for a layer its kernel cannot take."""
+    from verispec.models.llama import Block
+
     if kind not in QUANTIZED:
         raise ValueError(f"unknown quantization {kind!r}; choose from {', '.join(QUANTIZED)}")
     for module in list(model.modules()):
@@ -233,6 +244,10 @@ def quantize(model: nn.Module, kind: str = "int8") -> nn.Module:
                     continue
                 four = kind == "int4" and Int4Linear.fits(child)
                 setattr(module, child_name, Int4Linear(child) if four else Int8Linear(child))
+    for block in model.modules():
+        if isinstance(block, Block):
+            linears = (block.wqkv, block.wo, block.w13, block.w2)
+            block.w4a8 = all(isinstance(m, W4A8Linear) and m.unpadded for m in linears)
     return model
 
 

@@ -1,5 +1,5 @@
-"""verispec's own CPU kernels (w4a8.cpp: the quantized matmul; attention.cpp: attention over a float32 KV cache),
-compiled on first use and cached per machine.
+"""verispec's own CPU kernels (w4a8.cpp: the quantized matmul; attention.cpp: attention over a float32 KV cache;
+layer.cpp: a w4a8 decoder layer's work around attention), compiled on first use and cached per machine.
 
 PyTorch ships no 4-bit-weight x 8-bit-activation matmul for x86, and that is the kernel a CPU decoding step
 needs: it is bound by reading weights, and verification must cost about what a 1-token step costs. The
@@ -36,7 +36,8 @@ ISA_CFLAGS = {
     "avx2": ["-O3", "-fopenmp", "-ffp-contract=off", "-mavx2", "-mfma", "-mf16c"],
 }
 LDFLAGS = ["-fopenmp"]
-SOURCES = ("w4a8.cpp", "attention.cpp")
+SOURCES = ("w4a8.cpp", "attention.cpp", "layer.cpp")
+HEADERS = ("vec.h",)
 ISAS = tuple(ISA_FLAGS)
 NEEDED_FLAGS = ISA_FLAGS["avx512"]  # the fastest build's
 CFLAGS = ISA_CFLAGS["avx512"]
@@ -135,6 +136,16 @@ def attention_kernel() -> ModuleType | None:
 
 _attention: dict[str | None, ModuleType | None] = {}
 
+LAYER_ENV = "VERISPEC_LAYER"  # "python": a w4a8 model's layers run as torch calls (to compare, or to debug)
+
+
+def layer_kernel() -> ModuleType | None:
+    """The compiled module whose `layer_pre`/`layer_post` run a w4a8 model's layers (its matmul kernel is built
+    wherever such a model runs), or None under `$VERISPEC_LAYER=python`."""
+    if os.environ.get(LAYER_ENV, "").strip().lower() == "python":
+        return None
+    return w4a8()
+
 
 @functools.cache
 def _build(isa: str) -> ModuleType:
@@ -144,7 +155,7 @@ def _build(isa: str) -> ModuleType:
 
     cflags = ISA_CFLAGS[isa]
     sources = [Path(__file__).with_name(name) for name in SOURCES]
-    code = b"".join(src.read_bytes() for src in sources)
+    code = b"".join(Path(__file__).with_name(name).read_bytes() for name in SOURCES + HEADERS)
     key = hashlib.sha256(code + " ".join([torch.__version__, sys.version, *cflags]).encode()).hexdigest()[:16]
     build = cache_dir() / "kernels" / f"w4a8-{isa}-{key}"
     build.mkdir(parents=True, exist_ok=True)

@@ -14,57 +14,11 @@
 #include <ATen/Parallel.h>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <vector>
 
+#include "vec.h"
+
 namespace {
-
-typedef float f16v __attribute__((vector_size(64)));
-typedef int32_t i16v __attribute__((vector_size(64)));
-constexpr int kLanes = 16;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-inline f16v splat(float x) { return f16v{} + x; }
-inline f16v load(const float* p) {
-  f16v v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline f16v load(const float* p, int n) {  // the first n floats, the rest zeros (a call to memcpy: slow)
-  if (n == kLanes) return load(p);
-  f16v v = {};
-  std::memcpy(&v, p, sizeof(float) * n);
-  return v;
-}
-
-// The lanes' sum in a fixed order: halves, quarters, eighths, pairs.
-inline float hsum(f16v a) {
-  a += __builtin_shuffle(a, i16v{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-  a += __builtin_shuffle(a, i16v{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
-  a += __builtin_shuffle(a, i16v{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
-  a += __builtin_shuffle(a, i16v{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
-  return a[0];
-}
-
-// e^x for x <= 0 (x may be -inf), about 1 ulp (Cephes' expf polynomial); exactly 0 below -87, where e^x would
-// be subnormal: a probability that small changes no sum it is added to.
-inline f16v exp_nonpositive(f16v x) {
-  const f16v xc = x < -87.0f ? splat(-87.0f) : x;
-  const f16v t = xc * 1.44269504088896341f + 0.5f;
-  f16v fn = __builtin_convertvector(__builtin_convertvector(t, i16v), f16v);  // truncated toward zero
-  fn += __builtin_convertvector(fn > t, f16v);  // -1 where truncation rounded up: floor(t)
-  f16v r = xc - fn * 0.693359375f;
-  r = r - fn * -2.12194440e-4f;
-  f16v p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  const f16v scale = reinterpret_cast<f16v>((__builtin_convertvector(fn, i16v) + 127) << 23);
-  return x < -87.0f ? splat(0.0f) : p * scale;
-}
 
 // One (row, key head, query) of attention() for its R query heads. ND: vectors per head (D / 16) when a
 // compile-time constant for the common head sizes (a multiple of 16), so that a head's vectors stay in
@@ -99,7 +53,7 @@ void attend(const float* const* qs, int64_t R, const float* kb, int64_t ks, cons
     }
     f16v sum = {};
     for (int64_t j = 0; j < padded; j += kLanes) {
-      const f16v p = exp_nonpositive(load(s + j) - m);  // the padding's -inf gives 0
+      const f16v p = exp16(load(s + j) - m);  // the padding's -inf gives 0
       std::memcpy(s + j, &p, sizeof p);
       sum += p;
     }

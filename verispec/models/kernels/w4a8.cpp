@@ -208,10 +208,19 @@ torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor s, torch::
   return y;
 }
 
-torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor mask, double scale);  // attention.cpp
+// attention.cpp, layer.cpp
+torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor mask, double scale);
+torch::Tensor layer_pre(torch::Tensor x, torch::Tensor norm, double eps, torch::Tensor w, torch::Tensor s,
+                        torch::Tensor o, torch::Tensor bias, torch::Tensor cos, torch::Tensor sin, int64_t heads,
+                        int64_t kv_heads, int64_t T);
+torch::Tensor layer_post(torch::Tensor x, torch::Tensor attn, torch::Tensor wo, torch::Tensor so, torch::Tensor oo,
+                         torch::Tensor norm, double eps, torch::Tensor w13, torch::Tensor s13, torch::Tensor o13,
+                         torch::Tensor w2, torch::Tensor s2, torch::Tensor o2);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("w4a8_mm", &w4a8_mm, "4-bit weight x int8 activation matmul");
   m.def("attention", &attention, "attention of each query on its own over a float32 KV cache");
+  m.def("layer_pre", &layer_pre, "a decoder layer's norm, q/k/v projection and rope (w4a8 weights)");
+  m.def("layer_post", &layer_post, "a decoder layer's output projection, MLP and residuals (w4a8 weights)");
   m.def("isa", [] { return std::string(kIsa); }, "the instruction set this build uses: avx512 or avx2");
 }

@@ -1,10 +1,11 @@
-"""A/B of the attention a CPU forward uses: verispec's kernel against torch's (one query at a time), interleaved.
+"""A/B/C of how a CPU forward runs its layers, interleaved: verispec's compiled layer work and attention
+(kernels/layer.cpp, attention.cpp), the attention kernel alone, or torch calls throughout.
 
-    python benchmarks/attention_ab.py [--context 400] [--sizes 1,5] [--reps 15]
+    python benchmarks/step_ab.py [--context 400] [--sizes 1,5] [--reps 15]
 
 For the default pair as run (w4a8 target, w4a8-4bit draft), the median ms of a target forward over k new tokens
-and of a draft step, on a `--context`-token cache, with $VERISPEC_ATTENTION switched between the two for each
-repetition, so both see the same machine load. Prints a Markdown table.
+and of a draft step on a `--context`-token cache, switching $VERISPEC_LAYER and $VERISPEC_ATTENTION between
+the modes within each repetition, so all see the same machine load. Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ import time
 
 import torch
 
-from verispec.models.kernels import ATTENTION_ENV, cpu_flags, kernel_isa
+from verispec.models.kernels import ATTENTION_ENV, LAYER_ENV, cpu_flags, kernel_isa
 from verispec.models.load import default_threads, load
 from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
 
-MODES = {"kernel": "", "sdpa": "sdpa"}
+MODES = {  # mode: ($VERISPEC_LAYER, $VERISPEC_ATTENTION)
+    "compiled": ("", ""),
+    "attention kernel only": ("python", ""),
+    "torch": ("python", "sdpa"),
+}
 
 
 def main() -> int:
@@ -46,19 +51,19 @@ def main() -> int:
     for rep in range(args.reps + 2):  # the first two are warm-up
         for name, k in cases:
             x = torch.randint(1000, (1, k), generator=gen)
-            for mode, value in (MODES.items() if rep % 2 else reversed(MODES.items())):
-                os.environ[ATTENTION_ENV] = value
+            for mode, (layer, attention) in (MODES.items() if rep % 2 else reversed(MODES.items())):
+                os.environ[LAYER_ENV], os.environ[ATTENTION_ENV] = layer, attention
                 t0 = time.perf_counter()
                 models[name].forward(x, caches[name], last_n=k)  # commits nothing: the cache stays at --context
                 if rep >= 2:
                     times[(name, k, mode)].append(time.perf_counter() - t0)
     vnni = "avx512_vnni" if "avx512_vnni" in cpu_flags() else "no avx512_vnni"
     print(f"{vnni}, kernel build {kernel_isa()}, {torch.get_num_threads()} threads; context {args.context}; {args.reps} repetitions, interleaved; median ms\n")
-    print("| forward | tokens | kernel ms | sdpa ms | sdpa / kernel |")
-    print("|---|---|---|---|---|")
+    print("| forward | tokens | " + " | ".join(f"{m} ms" for m in MODES) + " | torch / compiled |")
+    print("|---|---|" + "---|" * (len(MODES) + 1))
     for name, k in cases:
-        a, b = (1000 * statistics.median(times[(name, k, m)]) for m in MODES)
-        print(f"| {name} | {k} | {a:.1f} | {b:.1f} | {b / a:.2f}× |")
+        ms = [1000 * statistics.median(times[(name, k, m)]) for m in MODES]
+        print(f"| {name} | {k} | " + " | ".join(f"{x:.1f}" for x in ms) + f" | {ms[-1] / ms[0]:.2f}× |")
     return 0
 
 
