@@ -195,3 +195,13 @@ def test_make_generator_is_reproducible():
     b = torch.rand(5, generator=make_generator(123))
     c = torch.rand(5, generator=make_generator(124))
     assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_a_top_p_below_the_dtypes_range_keeps_the_top_token():
+    """top_p = 1e-300 is valid, but rounds to 0 in float32: it must still keep the most likely token, not NaN."""
+    from verispec.sampling import SamplingParams, logits_to_probs
+
+    logits = torch.tensor([[0.5, 2.0, -1.0]])
+    for top_p in (1e-300, 5e-324):
+        probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=top_p))
+        assert torch.equal(probs, torch.tensor([[0.0, 1.0, 0.0]]))

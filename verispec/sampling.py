@@ -67,7 +67,9 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
         # Keep the smallest set of most likely tokens whose mass reaches top_p (the top token always stays).
         sorted_p, order = torch.sort(probs, dim=-1, descending=True)
         mass_before = sorted_p.cumsum(-1) - sorted_p
-        sorted_p = sorted_p.masked_fill(mass_before >= params.top_p, 0.0)
+        # a top_p below the dtype's smallest normal would round to 0 there and keep nothing: keep the top token
+        top_p = max(params.top_p, torch.finfo(sorted_p.dtype).tiny)
+        sorted_p = sorted_p.masked_fill(mass_before >= top_p, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
