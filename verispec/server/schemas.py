@@ -17,7 +17,6 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-_FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
 
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]
@@ -102,9 +101,7 @@ class _Sampling(_Body):
     def _top_p(cls, v: float) -> float:
         if not math.isfinite(v) or not 0.0 < v <= 1.0:
             raise ValueError("must be in (0, 1]")
-        # Compared with float32 probability mass, a top_p below float32's smallest normal would round to 0 and
-        # keep no token at all (NaN); any top_p that small keeps the top token alone, as this one does.
-        return max(v, _FLOAT32_TINY)
+        return v  # one below the probabilities' dtype keeps the top token alone (sampling.logits_to_probs)
 
     @field_validator("top_k")
     @classmethod
