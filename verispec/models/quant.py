@@ -161,9 +161,10 @@ class W4A8Linear(nn.Module):
     (kernels/w4a8.cpp: an AVX-512 VNNI build and a bit-identical AVX2 one, picked from the CPU's flags). It
     reads 0.63 bytes a weight at 4 bits (bf16 reads 2), and with VNNI a 5-token verification costs little more
     than a 1-token step (AVX2 takes about twice the instructions per product, so there its many-row matmuls are
-    slower). `bits=None` keeps 8 bits for a matrix that a 4-bit grid would coarsen (GGUF's Q6_K tensors), so a
-    target converted from Q4_K/Q6_K keeps its precision. A row's output does not depend on the other rows in the
-    forward: greedy speculation equals plain decoding bit for bit."""
+    slower). `bits=None` gives 6 bits to a matrix that a 4-bit grid would coarsen (GGUF's Q6_K tensors), so a
+    target converted from Q4_K/Q6_K keeps about its precision: 0.88 bytes a weight where 8 bits read 1.13 (the
+    LM head and half the down projections are a third of the 1.5B target's bytes). A row's output does not
+    depend on the other rows in the forward: greedy speculation equals plain decoding bit for bit."""
 
     def __init__(self, linear: nn.Linear, bits: int | None = None) -> None:
         super().__init__()
@@ -178,8 +179,8 @@ class W4A8Linear(nn.Module):
         else:
             q, s, o = affine_groups(w, 2**self.bits - 1)
             if bits is None and not grid_holds(w, q, s, o):  # a matrix that a 4-bit grid would coarsen
-                self.bits = 8
-                q, s, o = affine_groups(w, 255)
+                self.bits = 6
+                q, s, o = affine_groups(w, 63)
         self.register_buffer("weight", self.pack(q, self.bits))
         self.register_buffer("scales", s.reshape(np_ // 16, 16, kp // 32).transpose(1, 2).contiguous())
         self.register_buffer("offsets", o.reshape(np_ // 16, 16, kp // 32).transpose(1, 2).contiguous())
@@ -193,6 +194,12 @@ class W4A8Linear(nn.Module):
         n, k = q.shape
         if bits == 8:
             return q.reshape(n // 16, 16, k // 4, 4).permute(0, 2, 1, 3).reshape(n // 16, k // 4, 64).contiguous()
+        if bits == 6:  # per group of 32 inputs: the low nibbles as 4 bits, then 2 blocks of the top 2 bits
+            low = W4A8Linear.pack(q & 15, 4).reshape(n // 16, k // 32, 256)
+            # top: block, group, lane, plane p, field f, byte j = input 16 p + 4 f + j
+            top = (q >> 4).reshape(n // 16, 16, k // 32, 2, 4, 4).permute(0, 2, 3, 1, 5, 4)
+            top = top[..., 0] | (top[..., 1] << 2) | (top[..., 2] << 4) | (top[..., 3] << 6)
+            return torch.cat([low, top.reshape(n // 16, k // 32, 128)], -1).reshape(n // 16, 3 * k // 16, 64)
         qb = q.reshape(n // 16, 16, k // 8, 2, 4).permute(0, 2, 1, 4, 3)  # block, octet, lane, byte, nibble
         return (qb[..., 0] | (qb[..., 1] << 4)).reshape(n // 16, k // 8, 64).contiguous()
 
@@ -200,7 +207,8 @@ class W4A8Linear(nn.Module):
         """A cached matrix may hold 8-bit codes where this module was built (on the meta device) for 4."""
         saved = state.get(prefix + "weight")
         if saved is not None and saved.shape != self.weight.shape:
-            self.bits = 8 if saved.shape[1] == self._padded[0] // 4 else 4
+            kp = self._padded[0]
+            self.bits = {kp // 4: 8, 3 * kp // 16: 6}.get(saved.shape[1], 4)
             self.weight = torch.empty(saved.shape, dtype=saved.dtype, device=self.weight.device)
         super()._load_from_state_dict(state, prefix, *args)
 
@@ -257,7 +265,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
 
 def cache_file(kind: str) -> str:
     return {"int8": "verispec-int8.safetensors", "w8a8": "verispec-w8a8.safetensors",
-            "w4a8": "verispec-w4a8.safetensors", "w4a8-4bit": "verispec-w4a8-4bit.safetensors"}.get(
+            "w4a8": "verispec-w4a8-q6.safetensors", "w4a8-4bit": "verispec-w4a8-4bit.safetensors"}.get(
         kind, f"verispec-int4-g{INT4_GROUP}.safetensors")
 
 

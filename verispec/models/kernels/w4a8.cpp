@@ -5,15 +5,18 @@
 //
 // Layout: 16 output columns share a 64-byte block, one 4-byte lane each, and each lane's 4 bytes are 4
 // consecutive inputs. With 4 bits a block of 16 columns x 8 inputs is 64 bytes: byte 4 * lane + j holds input
-// j in its low nibble and input 4 + j in its high one. With 8 bits (for weights that a 4-bit grid would
-// coarsen, q in 0..255) a block is 16 columns x 4 inputs. Scales and offsets are [N / 16, K / 32, 16].
+// j in its low nibble and input 4 + j in its high one. With 6 bits (for weights that a 4-bit grid would
+// coarsen: GGUF's Q6_K tensors, q in 0..63) a group of 32 inputs is 384 bytes: the codes' low nibbles as four
+// 4-bit blocks, then two blocks of their top 2 bits, byte 4 * lane + j of block p holding, from bit 0 up, those
+// of inputs 16p + j, 16p + 4 + j, 16p + 8 + j, 16p + 12 + j. With 8 bits (q in 0..255) a block is 16 columns x
+// 4 inputs. Scales and offsets are [N / 16, K / 32, 16].
 //
 // One source, two builds (kernels/__init__.py picks one from the CPU's flags):
 // - AVX-512 VNNI (-mavx512vnni): a 512-bit vector is a block; vpdpbusd does 4 u8 x s8 products per lane.
 // - AVX2 + FMA + F16C (no AVX-512 anywhere in that build): a block is two 256-bit halves of 8 columns;
 //   vpmaddubsw sums u8 x s8 pairs into int16, which saturates, so only 4-bit codes (0..15) go through it: a
-//   pair is at most 2 * 15 * 128 = 3840 and a group adds 8 of them per int16, 30720 < 32767. 8-bit codes are
-//   split into their two nibbles, dot = 16 * dot(high) + dot(low), each exact the same way.
+//   pair is at most 2 * 15 * 128 = 3840 and a group adds 8 of them per int16, 30720 < 32767. 6- and 8-bit
+//   codes are split into their low nibble and the rest, dot = 16 * dot(high) + dot(low), each exact the same way.
 // Both compute each group's exact integer dot product, and then the same float32 epilogue in the same order
 // (two FMAs a group, one at the end), lane by lane: their outputs are bit-identical.
 //
@@ -53,11 +56,18 @@ void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t*
     const uint8_t* wg = w + g * kGroupBytes;
     for (int t = 0; t < kGroupBytes; t += 64)
       _mm_prefetch(reinterpret_cast<const char*>(wg + kPrefetch + t), _MM_HINT_T0);
-    for (int t = 0; t < kGroupBytes / 64; ++t) {
+    for (int t = 0; t < (BITS == 6 ? 4 : kGroupBytes / 64); ++t) {  // 6 bits: the 4 nibble blocks drive it
       const __m512i v = _mm512_loadu_si512(wg + t * 64);
-      if constexpr (BITS == 4) {
-        const __m512i lo = _mm512_and_si512(v, nib);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+      if constexpr (BITS == 4 || BITS == 6) {
+        __m512i lo = _mm512_and_si512(v, nib);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        if constexpr (BITS == 6) {  // or in the top 2 bits, moved to bits 4-5: lo's are field 2 (t % 2), hi's the next
+          const __m512i top = _mm512_loadu_si512(wg + 256 + (t / 2) * 64), m = _mm512_set1_epi8(0x30);
+          const __m512i tl = t % 2 ? top : _mm512_slli_epi16(top, 4);
+          const __m512i th = t % 2 ? _mm512_srli_epi16(top, 2) : _mm512_slli_epi16(top, 2);
+          lo = _mm512_ternarylogic_epi32(lo, tl, m, 0xF8);  // lo | (tl & m)
+          hi = _mm512_ternarylogic_epi32(hi, th, m, 0xF8);
+        }
         for (int r = 0; r < R; ++r) {  // 4 activation bytes broadcast to every lane, folded into the dot product
           const int8_t* x = xq + r * K + g * 32 + t * 8;
           dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(x4(x)));
@@ -104,12 +114,24 @@ void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t*
       __m256i lo16[R], hi16[R];
       for (int r = 0; r < R; ++r) lo16[r] = hi16[r] = _mm256_setzero_si256();
 #pragma GCC unroll 1
-      for (int t = 0; t < kGroupBytes / 64; ++t) {
+      for (int t = 0; t < (BITS == 6 ? 4 : kGroupBytes / 64); ++t) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + t * 64 + h * 32));
         const __m256i lo = _mm256_and_si256(v, nib);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+        __m256i tl = hi, th = hi;  // 6 bits: lo's and hi's top 2 bits (0..3), fields 2 (t % 2) and 2 (t % 2) + 1
+        if constexpr (BITS == 6) {
+          const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 256 + (t / 2) * 64 + h * 32));
+          tl = _mm256_and_si256(_mm256_srli_epi16(top, 4 * (t % 2)), _mm256_set1_epi8(3));
+          th = _mm256_and_si256(_mm256_srli_epi16(top, 4 * (t % 2) + 2), _mm256_set1_epi8(3));
+        }
         for (int r = 0; r < R; ++r) {
-          if constexpr (BITS == 4) {  // low nibbles: inputs j, high nibbles: inputs 4 + j; one int16 sum for both
+          if constexpr (BITS == 6) {  // nibbles into lo16, top 2 bits into hi16 (8 pairs <= 6144 a group)
+            const __m256i xl = _mm256_set1_epi32(x4(xg + r * K + t * 8)), xh = _mm256_set1_epi32(x4(xg + r * K + t * 8 + 4));
+            lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(lo, xl));
+            lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(hi, xh));
+            hi16[r] = _mm256_add_epi16(hi16[r], _mm256_maddubs_epi16(tl, xl));
+            hi16[r] = _mm256_add_epi16(hi16[r], _mm256_maddubs_epi16(th, xh));
+          } else if constexpr (BITS == 4) {  // low nibbles: inputs j, high nibbles: inputs 4 + j; one int16 sum for both
             const int8_t* x = xg + r * K + t * 8;
             lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4(x))));
             lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4(x + 4))));
@@ -124,7 +146,7 @@ void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t*
       const __m256 ov = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + g * 16 + h * 8)));
       for (int r = 0; r < R; ++r) {
         __m256i dot = _mm256_madd_epi16(lo16[r], _mm256_set1_epi16(1));  // a lane's two int16 sums -> int32
-        if constexpr (BITS == 8) dot = _mm256_add_epi32(dot, _mm256_madd_epi16(hi16[r], _mm256_set1_epi16(16)));
+        if constexpr (BITS != 4) dot = _mm256_add_epi32(dot, _mm256_madd_epi16(hi16[r], _mm256_set1_epi16(16)));
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sv, acc[r][h]);
         acc[r][h] = _mm256_fmadd_ps(ov, _mm256_set1_ps(xsum[r * G + g]), acc[r][h]);
       }
@@ -153,14 +175,17 @@ constexpr auto kBlocks = blocks<BITS>(std::make_integer_sequence<int, kRows>{});
 
 }  // namespace
 
-// x [M, K] float32; w [N / 16, K / 8, 64] uint8 with 4 bits, [N / 16, K / 4, 64] with 8; s, o [N / 16, K / 32, 16] float16; bias [N] float32 or empty.
+// x [M, K] float32; w [N / 16, K / 8, 64] uint8 with 4 bits, [N / 16, 3 K / 16, 64] with 6, [N / 16, K / 4, 64]
+// with 8; s, o [N / 16, K / 32, 16] float16; bias [N] float32 or empty.
 // Returns x W^T + bias as [M, N] float32.
 torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor s, torch::Tensor o, torch::Tensor bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
   TORCH_CHECK(w.dim() == 3 && w.scalar_type() == torch::kUInt8 && w.is_contiguous() && w.size(2) == 64, "w: packed uint8");
   const int64_t M = x.size(0), K = x.size(1), NB = w.size(0), N = NB * 16, G = K / 32;
-  TORCH_CHECK(K % 32 == 0 && (w.size(1) == K / 8 || w.size(1) == K / 4), "K must be a multiple of 32 and match the packed weights");
-  const int bits = w.size(1) == K / 8 ? 4 : 8;
+  TORCH_CHECK(K % 32 == 0 && (w.size(1) == K / 8 || w.size(1) == 3 * K / 16 || w.size(1) == K / 4),
+              "K must be a multiple of 32 and match the packed weights");
+  const int bits = w.size(1) == K / 8 ? 4 : w.size(1) == K / 4 ? 8 : 6;
+  const auto& run = bits == 4 ? kBlocks<4> : bits == 6 ? kBlocks<6> : kBlocks<8>;
   TORCH_CHECK(s.scalar_type() == torch::kHalf && o.scalar_type() == torch::kHalf && s.is_contiguous() &&
               o.is_contiguous() && s.numel() == N * G && o.numel() == N * G, "scales: float16 [N / 16, K / 32, 16]");
   TORCH_CHECK(bias.numel() == 0 || (bias.scalar_type() == torch::kFloat32 && bias.numel() == N), "bias: [N] float32");
@@ -200,7 +225,7 @@ torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor s, torch::
     for (int64_t nb = b0; nb < b1; ++nb) {
       for (int64_t m = 0; m < M; m += kRows) {
         const int r = static_cast<int>(std::min<int64_t>(kRows, M - m));
-        (bits == 4 ? kBlocks<4> : kBlocks<8>)[r](wp + nb * K * bits * 2, s16 + nb * G * 16, o16 + nb * G * 16, qp + m * K, xs + m * G, sp + m,
+        run[r](wp + nb * K * bits * 2, s16 + nb * G * 16, o16 + nb * G * 16, qp + m * K, xs + m * G, sp + m,
                    bp ? bp + nb * 16 : nullptr, K, yp + m * N + nb * 16, N);
       }
     }
