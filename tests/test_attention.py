@@ -138,3 +138,61 @@ def test_w4a8_layers_run_compiled_and_agree_with_torch_calls(builds, tiny_target
         cache = model.new_cache(8, batch=2)
         outs.append(model.layers[0](x, 0, cache, model.cos[:5], model.sin[:5], attention(mask, 2, torch.float32, x.device)))
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
+
+
+def test_fused_layer_matches_the_two_call_layer_bit_for_bit(builds, tiny_target):
+    """kernels/layer.cpp `layer` (pre, cache write, attention, post in one call) gives the bits of layer_pre +
+    Python cache write + attention + layer_post, and writes the same keys and values, for each kind of cache a
+    forward meets: one sequence, one row of a batch cache, and a batched forward over rows out of order with their
+    own slots and mask (a padded, right-aligned batch: the server's rounds)."""
+    import copy
+
+    from verispec.cache import BatchKVCache
+    from verispec.models.llama import KernelAttend, attention
+    from verispec.models.quant import quantize
+
+    model = quantize(copy.deepcopy(tiny_target).float(), "w4a8")
+    block = model.layers[1]
+    width, t = model.cfg.hidden_size, 3
+
+    def run(fused: bool, make_cache, batch: int, mask):
+        cache, view = make_cache()  # the same random cache for both paths
+        attend = attention(mask, batch, torch.float32, torch.device("cpu"))
+        assert isinstance(attend, KernelAttend)
+        x = torch.randn(batch, t, width, generator=torch.Generator().manual_seed(8))
+        cos, sin = model.cos[10 : 10 + t], model.sin[10 : 10 + t]
+        out = block(x, 1, view, cos, sin, attend if fused else (lambda q, k, v: attend(q, k, v)))
+        return out, cache.k.clone(), cache.v.clone()
+
+    def single():
+        c = model.new_cache(16, batch=2)
+        c.k.normal_(generator=torch.Generator().manual_seed(7))
+        c.v.normal_(generator=torch.Generator().manual_seed(9))
+        c.length = 10
+        return c, c
+
+    def row():
+        c = BatchKVCache(model.cfg.num_hidden_layers, model.cfg.num_key_value_heads, model.cfg.head_dim, 16, rows=3)
+        c.k.normal_(generator=torch.Generator().manual_seed(7))
+        c.v.normal_(generator=torch.Generator().manual_seed(9))
+        c.lengths = [4, 10, 7]
+        return c, c.row(1)
+
+    def rows_out_of_order():
+        c = BatchKVCache(model.cfg.num_hidden_layers, model.cfg.num_key_value_heads, model.cfg.head_dim, 16, rows=3)
+        c.k.normal_(generator=torch.Generator().manual_seed(7))
+        c.v.normal_(generator=torch.Generator().manual_seed(9))
+        c.lengths = [8, 3, 10]
+        slots = torch.tensor([[10, 11, 12], [8, 9, 10]])
+        return c, c.rows_view([2, 0], slots, 13)
+
+    seen = torch.ones(2, t, 13, dtype=torch.bool)
+    seen[1, :, 11:] = False  # row 0's (cache row 0) keys 11, 12 are scratch past its tokens
+    seen[1, 0, 10] = seen[1, 1, 10] = False
+    seen[0, 0, 11:] = seen[0, 1, 12] = False
+    for make, batch, mask in ((single, 2, torch.ones(t, 13, dtype=torch.bool).tril(10)),
+                              (row, 1, torch.ones(t, 13, dtype=torch.bool).tril(10)),
+                              (rows_out_of_order, 2, seen[:, None])):
+        a, b = run(True, make, batch, mask), run(False, make, batch, mask)
+        for u, w in zip(a, b):
+            assert torch.equal(u, w), make.__name__

@@ -21,6 +21,16 @@ class CacheFullError(RuntimeError):
     pass
 
 
+Plan = tuple[Tensor, Tensor, int]  # one forward's cache rows [B], slots [B, T] its new tokens write, keys read
+
+
+def contiguous_plan(first_row: int, batch: int, start: int, t: int, device: torch.device) -> Plan:
+    """Rows first_row .. first_row + batch - 1 each write their t new tokens at slots start .. start + t - 1."""
+    rows = torch.arange(first_row, first_row + batch, device=device)
+    slots = torch.arange(start, start + t, device=device).expand(batch, t).contiguous()
+    return rows, slots, start + t
+
+
 class CommitLog:
     """The commit/rollback bookkeeping every single-sequence cache shares: how many written tokens are real."""
 
@@ -68,6 +78,17 @@ class KVCache(CommitLog):
         self.k[layer, :, :, self.length : end] = k
         self.v[layer, :, :, self.length : end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def layer_kv(self, layer: int) -> tuple[Tensor, Tensor]:
+        """The layer's whole key and value buffers [batch, kv_heads, max_len, head_dim], for a compiled layer that
+        writes and reads them itself following `plan`."""
+        return self.k[layer], self.v[layer]
+
+    def plan(self, batch: int, t: int) -> Plan:
+        """What `write` does for a forward of t new tokens, as explicit rows, slots and keys read."""
+        if self.length + t > self.max_len:
+            raise CacheFullError(f"sequence of {self.length + t} tokens exceeds the cache size of {self.max_len}")
+        return contiguous_plan(0, batch, self.length, t, self.k.device)
 
     def reset(self) -> None:
         self.length = 0
@@ -142,6 +163,12 @@ class RowsView:
             return c.k[layer, :n, :, : self.read], c.v[layer, :n, :, : self.read]
         return c.k[layer][self.index, :, : self.read], c.v[layer][self.index, :, : self.read]
 
+    def layer_kv(self, layer: int) -> tuple[Tensor, Tensor]:
+        return self.cache.k[layer], self.cache.v[layer]
+
+    def plan(self, batch: int, t: int) -> Plan:
+        return self.index, self.slots, self.read
+
 
 class RowCache:
     """One row of a BatchKVCache behind the single-sequence KVCache interface (length, write, commit)."""
@@ -163,6 +190,14 @@ class RowCache:
         b.k[layer, r : r + 1, :, start:end] = k
         b.v[layer, r : r + 1, :, start:end] = v
         return b.k[layer, r : r + 1, :, :end], b.v[layer, r : r + 1, :, :end]
+
+    def layer_kv(self, layer: int) -> tuple[Tensor, Tensor]:
+        return self.batch.k[layer], self.batch.v[layer]
+
+    def plan(self, batch: int, t: int) -> Plan:
+        if self.length + t > self.batch.capacity:
+            raise CacheFullError(f"sequence of {self.length + t} tokens exceeds the cache size of {self.max_len}")
+        return contiguous_plan(self.r, 1, self.length, t, self.batch.k.device)
 
     def commit(self, n: int) -> None:
         self.batch.commit(self.r, n)

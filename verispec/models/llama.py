@@ -113,6 +113,17 @@ def seen_prefixes(mask: Tensor) -> list[int | None]:
     return [int(n) if p else None for n, p in zip(counts.tolist(), is_prefix.tolist())]
 
 
+class KernelAttend:
+    """verispec's attention kernel with one forward's mask ([B, T, S] bool, or empty: causal). A w4a8 layer that
+    sees it runs whole in one compiled call (kernels/layer.cpp `layer`), attention included."""
+
+    def __init__(self, kernel: Any, mask: Tensor) -> None:
+        self.kernel, self.mask = kernel, mask
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return self.kernel.attention(q, k, v, self.mask, q.shape[-1] ** -0.5)
+
+
 def attention(mask: Tensor | None, batch: int, kv_dtype: torch.dtype, device: torch.device) -> Attend:
     """How one forward attends, chosen once for all its layers. mask: [T, S] or [B, 1, T, S] bool (which keys each
     query sees), None for one token that sees them all.
@@ -123,9 +134,8 @@ def attention(mask: Tensor | None, batch: int, kv_dtype: torch.dtype, device: to
 
     kernel = attention_kernel() if device.type == "cpu" and kv_dtype == torch.float32 else None
     if kernel is not None:
-        m = (torch.empty(0, dtype=torch.bool) if mask is None else
-             mask.reshape(-1, *mask.shape[-2:]).expand(batch, -1, -1).contiguous())
-        return lambda q, k, v: kernel.attention(q, k, v, m, q.shape[-1] ** -0.5)
+        return KernelAttend(kernel, torch.empty(0, dtype=torch.bool) if mask is None else
+                            mask.reshape(-1, *mask.shape[-2:]).expand(batch, -1, -1).contiguous())
     if mask is not None and mask.dim() == 2:
         mask = mask[None, None]
     seen = ([seen_prefixes(m[0]) for m in mask.expand(batch, -1, -1, -1)]
@@ -176,6 +186,7 @@ class Block(nn.Module):
         # Set by quant.quantize where all four linears run on the w4a8 kernel: the layer's other work then runs in
         # two compiled calls (kernels/layer.cpp) instead of ~40 torch calls.
         self.w4a8 = False
+        self._ops: tuple[tuple[Tensor, ...], ...] | None = None  # _operands()
 
     def forward(self, x: Tensor, layer: int, cache: KVCache, cos: Tensor, sin: Tensor, attend: Attend) -> Tensor:
         """attend: how this forward attends (`attention`), the same for every layer."""
@@ -203,6 +214,14 @@ class Block(nn.Module):
         batch, t, width = x.shape
         rows = x.reshape(batch * t, width).contiguous()
         cos, sin = (c.reshape(-1, t, self.hd).contiguous() for c in (cos, sin))
+        if isinstance(attend, KernelAttend):  # the whole layer in one call
+            ops = self._operands()
+            kc, vc = cache.layer_kv(layer)
+            index, slots, read = cache.plan(batch, t)
+            out = kernel.layer(rows, self.attn_norm.weight, self.attn_norm.eps, *ops[0], cos, sin, self.n_heads,
+                               self.n_kv, kc, vc, index, slots, read, attend.mask, *ops[1], self.ffn_norm.weight,
+                               self.ffn_norm.eps, *ops[2], *ops[3])
+            return out.view(batch, t, width)
         qkv = kernel.layer_pre(rows, self.attn_norm.weight, self.attn_norm.eps, *self.wqkv.operands(), cos, sin,
                                self.n_heads, self.n_kv, t).view(batch, t, -1)
         q, k, v = (part.view(batch, t, -1, self.hd).transpose(1, 2) for part in qkv.split(
@@ -212,6 +231,14 @@ class Block(nn.Module):
         out = kernel.layer_post(rows, attn, *self.wo.operands()[:3], self.ffn_norm.weight, self.ffn_norm.eps,
                                 *self.w13.operands()[:3], *self.w2.operands()[:3])
         return out.view(batch, t, width)
+
+    def _operands(self) -> tuple[tuple[Tensor, ...], ...]:
+        """The four linears' kernel operands (qkv with its bias), gathered once rather than in every forward."""
+        ops = self._ops
+        if ops is None or ops[0][0] is not self.wqkv.weight:  # rebuilt if the weights were replaced
+            ops = self._ops = (self.wqkv.operands(), self.wo.operands()[:3], self.w13.operands()[:3],
+                               self.w2.operands()[:3])
+        return ops
 
 
 class LlamaModel(nn.Module):

@@ -241,11 +241,18 @@ torch::Tensor layer_pre(torch::Tensor x, torch::Tensor norm, double eps, torch::
 torch::Tensor layer_post(torch::Tensor x, torch::Tensor attn, torch::Tensor wo, torch::Tensor so, torch::Tensor oo,
                          torch::Tensor norm, double eps, torch::Tensor w13, torch::Tensor s13, torch::Tensor o13,
                          torch::Tensor w2, torch::Tensor s2, torch::Tensor o2);
+torch::Tensor layer(torch::Tensor x, torch::Tensor norm1, double eps1, torch::Tensor wqkv, torch::Tensor sqkv,
+                    torch::Tensor oqkv, torch::Tensor bqkv, torch::Tensor cos, torch::Tensor sin, int64_t heads,
+                    int64_t kv_heads, torch::Tensor kc, torch::Tensor vc, torch::Tensor rows, torch::Tensor slots,
+                    int64_t read, torch::Tensor mask, torch::Tensor wo, torch::Tensor so, torch::Tensor oo,
+                    torch::Tensor norm2, double eps2, torch::Tensor w13, torch::Tensor s13, torch::Tensor o13,
+                    torch::Tensor w2, torch::Tensor s2, torch::Tensor o2);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("w4a8_mm", &w4a8_mm, "4-bit weight x int8 activation matmul");
   m.def("attention", &attention, "attention of each query on its own over a float32 KV cache");
   m.def("layer_pre", &layer_pre, "a decoder layer's norm, q/k/v projection and rope (w4a8 weights)");
   m.def("layer_post", &layer_post, "a decoder layer's output projection, MLP and residuals (w4a8 weights)");
+  m.def("layer", &layer, "a whole decoder layer: layer_pre, the cache write, attention, layer_post (w4a8 weights)");
   m.def("isa", [] { return std::string(kIsa); }, "the instruction set this build uses: avx512 or avx2");
 }
