@@ -102,7 +102,7 @@ def add_model_options(p: argparse.ArgumentParser, default_target: str, default_d
     if "w4a8" in dtypes:
         p.add_argument("--dtype", choices=dtypes, default=None,
                        help="the target's precision (int8/int4: weight-only quantized; w8a8: int8 weights and "
-                            "per-token int8 activations, AVX-512 VNNI only; w4a8: 4-bit weights (8 where the GGUF had "
+                            "per-token int8 activations, AVX-512 VNNI only; w4a8: 4-bit weights (6 where the GGUF had "
                             "more) and int8 activations on verispec's CPU kernel, AVX-512 VNNI or AVX2 build); output "
                             "is lossless relative to the target as run (default: w4a8 on a CPU that runs the kernel, "
                             "else bfloat16)")
