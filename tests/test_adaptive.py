@@ -133,3 +133,58 @@ def test_draft_cache_stays_fresh_after_short_proposals(wide_target, wide_draft, 
         assert proposer.text == prompt + res.token_ids
         checked, short = checked + proposer.checked, short + proposer.short
     assert checked > 20 and short > 5  # rounds cut short by the confidence stop happened and were checked
+
+
+# ---- pausing: gamma 0 (a plain step) where drafting does not pay, with probes ---------------------------------------
+def test_pause_chooses_plain_steps_probes_and_resumes(wide_draft):
+    """No gamma pays at alpha ~0.01 with c 0.5: plain steps, but every probe_every-th paused round proposes one
+    token; once alpha is high again drafting resumes at once. Without pause=True gamma never drops to 0."""
+    from verispec.theory import interpolate_cost
+
+    cost = interpolate_cost([(1, 1.0), (2, 1.15), (5, 1.6)])
+    proposer = AdaptiveGammaProposer(DraftModelProposer(wide_draft, 64), pause=True, probe_every=3,
+                                     verify_cost=cost, prior_alpha=0.01, prior_weight=1e6, prior_c=0.5, decay=1.0)
+    proposer.reset(0, [1, 2, 3])
+    assert [proposer._choose(0, 4) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 1]
+    e = proposer.rows[0]
+    e.accepted, e.rejected = 50.0, 1.0  # the text turned predictable
+    assert proposer._choose(0, 4) == 4 and e.paused == 0
+    steady = AdaptiveGammaProposer(DraftModelProposer(wide_draft, 64), verify_cost=cost, prior_alpha=0.01,
+                                   prior_weight=1e6, prior_c=0.5, decay=1.0)
+    steady.reset(0, [1, 2, 3])
+    assert steady._choose(0, 4) == 1
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0)], ids=["greedy", "T1"])
+def test_paused_rounds_keep_output_and_draft_cache_exact(wide_target, wide_draft, plain, sampling):
+    """Plain steps queue the emitted tokens for the draft's next (catch-up) forward: after every round the draft's
+    cache is a fresh prefill of the text, and greedy output equals plain decoding."""
+    for i, prompt in enumerate(PROMPTS):
+        proposer = CheckedAdaptive(DraftModelProposer(wide_draft, 128), pause=True, probe_every=2,
+                                   prior_alpha=0.01, prior_weight=1e6, prior_c=0.5, decay=1.0)
+        res = generate(wide_target, prompt, GenerationParams(max_new_tokens=MAX_NEW, gamma=4, sampling=sampling,
+                                                             seed=i), proposer)
+        assert proposer.text == prompt + res.token_ids
+        assert 0 in proposer.gammas and 1 in proposer.gammas, proposer.gammas
+        if sampling.greedy:
+            assert res.token_ids == plain[tuple(prompt)]
+
+
+def test_paused_sampling_matches_exact_law(tiny_target, tiny_draft):
+    """The law of the first W tokens when rounds alternate between plain steps and 1-token probes (T = 1)."""
+    sampling = SamplingParams(temperature=1.0)
+    made: list[AdaptiveGammaProposer] = []
+
+    def make(max_len: int) -> AdaptiveGammaProposer:
+        made.append(AdaptiveGammaProposer(DraftModelProposer(tiny_draft, max_len), pause=True, probe_every=1,
+                                          prior_alpha=0.01, prior_weight=1e6, prior_c=0.5, decay=1.0))
+        return made[-1]
+
+    law = exact_law(tiny_target, sampling)
+    run = sample_engine(tiny_target, None, sampling, 3, 53_000_000, make_proposer=make)
+    verdict = Verdict(tv(run.counts, law), noise_floor(law, N, seed=12345), chi_square_pvalue(run.counts, law),
+                      run.alpha)
+    lengths = {g for m in made for g in m.gammas}
+    print(f"\n[adaptive, paused] T=1: {verdict}; gammas {sorted(lengths)}")
+    assert lengths == {0, 1}
+    assert verdict.passes, verdict

@@ -55,7 +55,7 @@ def test_greedy_speculative_equals_plain(pair, capsys):
                 "per_position_acceptance"):
         assert key in m
     assert 0.0 <= m["alpha"] <= 1.0
-    assert len(m["per_position_acceptance"]) == 3
+    assert 1 <= len(m["per_position_acceptance"]) <= 3  # the default strategy chooses its length, capped by gamma
     # Fewer target forwards than tokens whenever anything was accepted.
     assert m["target_forwards"] <= len(spec["token_ids"]) + 1
     assert plain["metrics"]["target_forwards"] == len(plain["token_ids"]) + 1 or plain["finish_reason"] == "eos"
@@ -163,6 +163,7 @@ def test_defaults_chosen_for_the_machine_are_said_in_one_line(pair, capsys):
     ("layerskip", ["--layers", "1"]),
     ("lookahead", ["--window", "3", "--lookahead-ngram", "3", "--lookahead-candidates", "2"]),
     ("draft+ngram", []),
+    ("auto", []),
     ("adaptive", []),
     ("draft", ["--draft-confidence", "0.5"]),
 ])
@@ -211,10 +212,10 @@ def test_calibrate_layerskip_saves_a_choice_that_generate_uses(pair, capsys, tmp
     (["generate", "hi", "--strategy", "draft", "--lookahead-ngram", "4"], "--lookahead-ngram applies to the lookahead"),
     (["generate", "hi", "--strategy", "ngram", "--lookahead-candidates", "2"], "--lookahead-candidates applies to the lookahead"),
     (["generate", "hi", "--strategy", "draft", "--layers", "2"], "--layers applies to the layerskip strategy only"),
-    (["generate", "hi", "--strategy", "draft", "--ngram-max", "4"], "--ngram-max applies to the ngram and draft+ngram"),
-    (["generate", "hi", "--strategy", "lookahead", "--ngram-min", "2"], "--ngram-min applies to the ngram and draft+ngram"),
+    (["generate", "hi", "--strategy", "draft", "--ngram-max", "4"], "--ngram-max applies to the ngram, draft+ngram and auto"),
+    (["generate", "hi", "--strategy", "lookahead", "--ngram-min", "2"], "--ngram-min applies to the ngram, draft+ngram and auto"),
     (["generate", "hi", "--strategy", "ngram", "--draft-confidence", "0.5"],
-     "--draft-confidence applies to the draft, adaptive and draft+ngram strategies only"),
+     "--draft-confidence applies to the draft, adaptive, draft+ngram and auto strategies only"),
     (["generate", "hi", "--no-speculate", "--window", "3"], "(the strategy is ar)"),
     (["bench", "--strategies", "ar,draft", "--window", "3"], "(the strategies are ar, draft)"),
     (["serve", "--strategy", "ar", "--layers", "2"], "--layers applies to the layerskip strategy only"),
@@ -277,7 +278,7 @@ def test_serve_defaults_are_generates(capsys, monkeypatch, extra):
     assert seen["strategy"] == gen.strategy and seen["gamma"] == gamma_of(gen)
 
 
-@pytest.mark.parametrize("strategy", ["ar", "draft", "adaptive", "layerskip", "lookahead", "ngram", "draft+ngram"])
+@pytest.mark.parametrize("strategy", ["ar", "draft", "adaptive", "layerskip", "lookahead", "ngram", "draft+ngram", "auto"])
 def test_serve_accepts_every_strategy(monkeypatch, capsys, strategy):
     import verispec.server
     from verispec.strategies import STRATEGIES

@@ -192,7 +192,7 @@ def forward_rows(model: LlamaModel, chains: list[list[int]], cache: BatchKVCache
     view = cache.rows_view(rows, slots, read)
     # each query attended as a lone sequence's forward attends it (models.llama.attention)
     attend = attention(mask[:, None].to(device), n, model.attention_dtype, device)  # mask [n, 1, T, S]
-    x = model.embed(tokens)
+    x = model.embed_tokens(tokens)
     for i, layer in enumerate(model.layers[: len(model.layers) if layers is None else layers]):
         x = layer(x, i, view, cos, sin, attend)
     if last_only:

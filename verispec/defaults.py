@@ -8,12 +8,15 @@ that every entry point answers the same question the same way. Each default name
 from __future__ import annotations
 
 __all__ = ["DEFAULT_STRATEGY", "DEFAULT_DTYPE", "DEFAULT_DEVICE", "default_dtype", "default_gamma",
-           "default_draft_dtype", "describe"]
+           "default_draft_dtype", "default_verify_cost", "describe"]
 
-# Prompt lookup where the last 3 tokens recur, else the draft model: +24-28% decode tok/s over `draft` on 10 code
-# prompts with a w4a8 target, +9% with bf16 (benchmarks/profile_round.py; benchmarks/results/
-# 2026-11-23-epyc-avx512-bf16-draft-vs-draft-ngram and 2026-11-23-epyc-avx512-w4a8-draft-ngram-vs-llamacpp).
-DEFAULT_STRATEGY = "draft+ngram"
+# Prompt lookup where the last 3 tokens recur, else the draft model with its length chosen per round, down to 0
+# (a plain step) where drafting does not pay. draft+ngram at a fixed gamma was +24-28% decode tok/s over `draft`
+# on 10 code prompts (benchmarks/results/2026-11-23-epyc-avx512-w4a8-draft-ngram-vs-llamacpp) but 0.77-0.93x
+# llama.cpp's plain decoding on prose once our plain step matched its (2026-11-24-epyc-avx512-six-bit-fused-vs-
+# llamacpp); `auto` is 1.53x our plain decoding against draft+ngram's 1.33x over translation, summarization, math
+# and code (benchmarks/profile_round.py, 2026-11-24-epyc-avx512-auto-strategy).
+DEFAULT_STRATEGY = "auto"
 DEFAULT_DTYPE = "bfloat16"  # the target as the GGUF defines it (dequantized): the faithful one, and the fallback
 DEFAULT_DEVICE = "cpu"
 
@@ -63,6 +66,24 @@ def default_draft_dtype(dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE
     if dtype.startswith("w4a8"):
         return "w4a8-4bit"
     return "int4" if dtype in ("bfloat16", "int8", "int4", "w8a8") else dtype
+
+
+def default_verify_cost(device: str = DEFAULT_DEVICE, *, quantized: bool = False) -> list[tuple[int, float]]:
+    """A target forward over k tokens in one-token units, (k, cost) points, for strategies that choose their
+    draft length per round (`auto`) before they have measured anything.
+
+    On a CPU a w4a8 target's few-row matmuls are compute-bound: 2 tokens 1.1-1.2x a step, 5 tokens 1.5-1.6x,
+    9 about 2.3x (benchmarks/step_ab.py and `bench --costs`, AVX-512 VNNI EPYC, 2026-11-24). A bf16 target there is
+    bound by reading 3 GB of weights (5 tokens ~1.05x, 9 ~1.3x); a GPU is flat at these sizes.
+
+    >>> default_verify_cost("cpu", quantized=True)[2], default_verify_cost("cuda")
+    ((5, 1.6), [(1, 1.0), (16, 1.0)])
+    """
+    if device != "cpu":
+        return [(1, 1.0), (16, 1.0)]
+    if quantized:
+        return [(1, 1.0), (2, 1.15), (5, 1.6), (9, 2.3)]
+    return [(1, 1.0), (5, 1.05), (9, 1.3)]
 
 
 def describe(dtype: str, draft_dtype: str | None, strategy: str, gamma: int, kernel_isa: str | None) -> str:

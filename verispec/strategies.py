@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from verispec.defaults import default_verify_cost
 from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
+from verispec.models.quant import W4A8Linear
 from verispec.proposers.adaptive import AdaptiveGammaProposer
 from verispec.proposers.base import PerRow, Proposer
 from verispec.proposers.draft_model import DraftModelProposer
@@ -19,6 +21,7 @@ from verispec.proposers.layerskip import LayerSkipProposer, load_calibration, mo
 from verispec.proposers.lookahead import LookaheadProposer
 from verispec.proposers.mix import DraftNgramProposer
 from verispec.proposers.ngram import NgramProposer
+from verispec.theory import interpolate_cost
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,21 @@ def _draft_ngram(target: LoadedModel, draft: LoadedModel | None, size: Size, opt
     return DraftNgramProposer(_draft(target, draft, size, options), options.ngram_max, min_match=least)
 
 
+def _auto(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
+    """draft+ngram whose draft-model rounds choose their length (0: a plain step) from live alpha and c and the
+    target's verification-cost curve on this hardware."""
+    least = min(options.ngram_min or 3, options.ngram_max)
+    NgramProposer(options.ngram_max, least)
+    model = target.model
+    cost = interpolate_cost(default_verify_cost(model.device.type, quantized=_w4a8(model)))
+    adaptive = AdaptiveGammaProposer(_draft(target, draft, size, options), verify_cost=cost, pause=True)
+    return DraftNgramProposer(adaptive, options.ngram_max, min_match=least)
+
+
+def _w4a8(model: object) -> bool:
+    return isinstance(model, LlamaModel) and any(isinstance(m, W4A8Linear) for m in model.modules())
+
+
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in [
@@ -116,6 +134,8 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("lookahead", False, "lookahead decoding: Jacobi window + n-gram pool (no draft model)", _lookahead),
         Strategy("ngram", False, "prompt lookup: copy what followed the last match of the suffix (no model)", _ngram),
         Strategy("draft+ngram", True, "prompt lookup when the suffix matches, else the draft model", _draft_ngram),
+        Strategy("auto", True, "prompt lookup when the suffix matches, else the draft model with its length chosen "
+                 "per round (--gamma caps it; 0, a plain step, where drafting does not pay)", _auto),
     ]
 }
 

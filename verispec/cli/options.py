@@ -24,10 +24,10 @@ DTYPE_CHOICES = ["bfloat16", "float32", "int8", "int4", "w8a8", "w4a8", "w4a8-4b
 
 # flag -> (the StrategyOptions field it sets, the strategies that read that field)
 STRATEGY_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "--ngram-max": ("ngram_max", ("ngram", "draft+ngram")),
-    "--ngram-min": ("ngram_min", ("ngram", "draft+ngram")),
+    "--ngram-max": ("ngram_max", ("ngram", "draft+ngram", "auto")),
+    "--ngram-min": ("ngram_min", ("ngram", "draft+ngram", "auto")),
     "--layers": ("layerskip_layers", ("layerskip",)),
-    "--draft-confidence": ("draft_confidence", ("draft", "adaptive", "draft+ngram")),
+    "--draft-confidence": ("draft_confidence", ("draft", "adaptive", "draft+ngram", "auto")),
     "--window": ("lookahead_window", ("lookahead",)),
     "--lookahead-ngram": ("lookahead_ngram", ("lookahead",)),
     "--lookahead-candidates": ("lookahead_candidates", ("lookahead",)),
@@ -125,15 +125,15 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     """The knobs of particular strategies; each is refused with a strategy that does not read it."""
     d = StrategyOptions()
     p.add_argument("--ngram-max", type=int, default=None,
-                   help=f"ngram, draft+ngram: longest suffix n-gram matched (default: {d.ngram_max})")
+                   help=f"ngram, draft+ngram, auto: longest suffix n-gram matched (default: {d.ngram_max})")
     p.add_argument("--ngram-min", type=int, default=None,
-                   help="ngram, draft+ngram: shortest suffix n-gram matched; draft+ngram uses the n-gram proposal "
-                        "from this length on, else the draft model (default: 2 for ngram, 3 for draft+ngram)")
+                   help="ngram, draft+ngram, auto: shortest suffix n-gram matched; draft+ngram and auto use the n-gram proposal "
+                        "from this length on, else the draft model (default: 2 for ngram, 3 for draft+ngram and auto)")
     p.add_argument("--layers", type=int, default=None,
                    help="layerskip: draft with the target's first LAYERS blocks (default: the saved "
                         "`verispec calibrate-layerskip` choice for the target, else half its layers)")
     p.add_argument("--draft-confidence", type=finite, default=None,
-                   help="draft, adaptive, draft+ngram: stop drafting after a token the draft gave less than this "
+                   help="draft, adaptive, draft+ngram, auto: stop drafting after a token the draft gave less than this "
                         "probability (default: 0, 0.3 for adaptive)")
     p.add_argument("--window", type=int, default=None,
                    help=f"lookahead: Jacobi window width W (default: {d.lookahead_window})")

@@ -269,7 +269,11 @@ class LlamaModel(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.weight.dtype
+        """The activations' dtype (the embedding table may be stored narrower: see quant.compact_embedding)."""
+        return self.norm.weight.dtype
+
+    def embed_tokens(self, tokens: Tensor) -> Tensor:
+        return self.embed(tokens).to(self.dtype)
 
     @property
     def attention_dtype(self) -> torch.dtype:
@@ -322,7 +326,7 @@ class LlamaModel(nn.Module):
         else:  # a single token sees everything
             mask = None
         attend = attention(mask, tokens.shape[0], self.attention_dtype, self.device)
-        x = self.embed(tokens)
+        x = self.embed_tokens(tokens)
         for i, layer in enumerate(self.layers[: len(self.layers) if layers is None else layers]):
             x = layer(x, i, cache, cos, sin, attend)
         if last_n is not None:

@@ -237,7 +237,7 @@ class W4A8Linear(nn.Module):
 def quantize(model: nn.Module, kind: str = "int8") -> nn.Module:
     """Replace every nn.Linear (including a tied LM head, which gets its own copy) in place; the model
     must run in bfloat16 activations afterwards. int4 falls back to int8 for a layer its kernel cannot take."""
-    from verispec.models.llama import Block
+    from verispec.models.llama import Block, LlamaModel
 
     if kind not in QUANTIZED:
         raise ValueError(f"unknown quantization {kind!r}; choose from {', '.join(QUANTIZED)}")
@@ -256,7 +256,21 @@ def quantize(model: nn.Module, kind: str = "int8") -> nn.Module:
         if isinstance(block, Block):
             linears = (block.wqkv, block.wo, block.w13, block.w2)
             block.w4a8 = all(isinstance(m, W4A8Linear) and m.unpadded for m in linears)
+    if kind.startswith("w4a8") and isinstance(model, LlamaModel):
+        compact_embedding(model)
     return model
+
+
+def compact_embedding(model: "LlamaModel") -> None:
+    """Keep a float32 model's embedding table in bfloat16 when that loses nothing (weights converted from a GGUF
+    are bf16 values): rows are widened back to float32 as they are looked up, so the model computes the same
+    bits, and the table costs half (the 1.5B target's 0.93 GB -> 0.47 GB, the 0.5B draft's 0.54 -> 0.27)."""
+    w = model.embed.weight
+    if w.device.type == "meta" or w.dtype != torch.float32:
+        return
+    narrow = w.detach().to(torch.bfloat16)
+    if torch.equal(narrow.float(), w):
+        model.embed.weight = nn.Parameter(narrow, requires_grad=False)
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
@@ -289,6 +303,7 @@ def load_quantized_llama(path: Path, kind: str = "int8", dtype: torch.dtype = to
                 for name, buf in list(m.named_buffers(recurse=False)):
                     setattr(m, name, buf.clone())
         model.init_rope()
+        compact_embedding(model)  # a cache written before tables were kept in bf16 holds them in float32
         return _packed(model.eval())
     import sys
 

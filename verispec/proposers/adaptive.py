@@ -7,8 +7,13 @@ asks for, from:
   * alpha: per-token acceptance, estimated as accepted / (accepted + rejections), with exponential forgetting.
     Counting tokens drafted after the first rejection as failures (accepted / drafted) would bias alpha down:
     the verifier never tests them.
-  * c: the draft's seconds per forward over the rest of a round's wall time (from the end of one propose to
-    the start of the next: the target forward, verification and bookkeeping), also forgotten exponentially.
+  * c: the draft's seconds per forward over a one-token target forward, forgotten exponentially. The target's
+    share is measured from the end of a propose to its observe (the verification forward and bookkeeping),
+    divided by `verify_cost` of the tokens verified where a wider forward costs more than one token.
+With `pause=True` gamma may be 0: when no gamma is predicted to beat a plain step (prose the draft guesses
+badly), the row decodes plainly, its pending tokens queue for the draft's next catch-up forward, and every
+`probe_every` paused rounds one 1-token proposal re-measures alpha, so drafting resumes where the text turns
+predictable again.
 The draft length is a function of the draft's own history, never of the target's current logits, so the
 output distribution is untouched.
 """
@@ -25,7 +30,7 @@ from verispec.metrics import alpha_iid
 from verispec.proposers.base import Outcome, Proposal, ProposerStats
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.sampling import SamplingParams
-from verispec.theory import optimal_gamma
+from verispec.theory import VerifyCost, flat_cost, optimal_gamma, predicted_speedup
 
 
 @dataclass
@@ -39,14 +44,20 @@ class Estimates:
     asked: int = 0  # tokens proposed in the row's last round
     draft_seconds: float = 0.0  # its last round's drafting
     draft_forwards: int = 0
+    paused: int = 0  # rounds in a row decoded plainly because drafting did not pay
+    timed: bool = False  # whether the last round's drafting measures c (not a catch-up after a pause)
 
 
 class AdaptiveGammaProposer:
     def __init__(self, draft: DraftModelProposer, *, decay: float = 0.9, prior_alpha: float = 0.7,
-                 prior_weight: float = 4.0, prior_c: float = 0.25) -> None:
+                 prior_weight: float = 4.0, prior_c: float = 0.25, verify_cost: VerifyCost = flat_cost,
+                 pause: bool = False, probe_every: int = 4) -> None:
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
+        if probe_every < 1:
+            raise ValueError(f"probe_every must be >= 1, got {probe_every}")
         self.draft, self.decay = draft, decay
+        self.verify_cost, self.pause, self.probe_every = verify_cost, pause, probe_every
         self.prior = (prior_alpha * prior_weight, (1.0 - prior_alpha) * prior_weight, prior_c)
         self.rows: dict[int, Estimates] = {}
         self.gammas: list[int] = []  # every gamma chosen, all rows (for tests and reports)
@@ -59,36 +70,48 @@ class AdaptiveGammaProposer:
         self.draft.reset(row, prompt, target)
         self.rows[row] = Estimates(*self.prior)
 
-    def _choose(self, row: int, gamma: int, now: float) -> int:
+    def _choose(self, row: int, gamma: int) -> int:
         e = self.rows[row]
-        if e.round_end is not None and e.draft_forwards:
-            rest = now - e.round_end  # target forward + verification + bookkeeping of the last round
-            if rest > 0:
-                step = e.draft_seconds / e.draft_forwards
-                e.c = self.decay * e.c + (1.0 - self.decay) * (step / rest)
-        choice = min(gamma, optimal_gamma(self.alpha(row), e.c, max_gamma=max(1, gamma))) if gamma > 0 else 0
+        choice = 0
+        if gamma > 0:
+            alpha = self.alpha(row)
+            choice = min(gamma, optimal_gamma(alpha, e.c, max_gamma=gamma, verify_cost=self.verify_cost))
+            if self.pause and predicted_speedup(alpha, choice, e.c, self.verify_cost) < 1.0 / self.verify_cost(1):
+                e.paused += 1
+                choice = 1 if e.paused > self.probe_every else 0  # a probe keeps alpha current
+                e.paused = 0 if choice else e.paused
+            else:
+                e.paused = 0
         self.gammas.append(choice)
         return choice
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
                 generators: list[torch.Generator]) -> list[Proposal]:
-        now = time.perf_counter()
-        choices = [self._choose(r, g, now) for r, g in zip(rows, gammas)]
+        choices = [self._choose(r, g) for r, g in zip(rows, gammas)]
+        # a first forward that feeds the tokens of paused rounds is a small prefill, not a draft step
+        timed = {r: len(self.draft.pending[r]) <= 2 for r in rows}
         before = {r: (self.draft.stats(r).seconds, self.draft.stats(r).forwards) for r in rows}
         proposals = self.draft.propose(rows, choices, sampling, generators)
         end = time.perf_counter()
         for r, proposal in zip(rows, proposals):
             e, after = self.rows[r], self.draft.stats(r)
             e.draft_seconds, e.draft_forwards = after.seconds - before[r][0], after.forwards - before[r][1]
-            e.asked, e.round_end = proposal.tokens.numel(), end
+            e.asked, e.round_end, e.timed = proposal.tokens.numel(), end, timed[r]
         return proposals
 
     def observe(self, row: int, outcome: Outcome) -> None:
         e = self.rows[row]
-        rejected = 1.0 if outcome.num_accepted < e.asked else 0.0  # a proposal cut short by confidence is no rejection
-        e.asked = 0  # a round in which the row does not draft (speculation paused) tests nothing
-        e.accepted = self.decay * e.accepted + outcome.num_accepted
-        e.rejected = self.decay * e.rejected + rejected
+        if e.draft_forwards and e.timed and e.round_end is not None:  # it drafted this round: time the target
+            rest = time.perf_counter() - e.round_end  # verification forward + bookkeeping
+            if rest > 0:
+                step = e.draft_seconds / e.draft_forwards
+                unit = rest / self.verify_cost(e.asked + 1)  # a one-token target forward
+                e.c = self.decay * e.c + (1.0 - self.decay) * (step / unit)
+        if e.asked:  # a round this row did not draft (paused, or another proposer's) tests nothing
+            rejected = 1.0 if outcome.num_accepted < e.asked else 0.0  # cut short by confidence: no rejection
+            e.accepted = self.decay * e.accepted + outcome.num_accepted
+            e.rejected = self.decay * e.rejected + rejected
+        e.asked, e.draft_forwards, e.draft_seconds = 0, 0, 0.0
         self.draft.observe(row, outcome)
 
     def move(self, src: int, dst: int) -> None:

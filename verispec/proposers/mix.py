@@ -9,8 +9,7 @@ from __future__ import annotations
 import torch
 
 from verispec.batch import Rows
-from verispec.proposers.base import Outcome, Proposal, ProposerStats
-from verispec.proposers.draft_model import DraftModelProposer
+from verispec.proposers.base import Outcome, Proposal, Proposer, ProposerStats
 from verispec.proposers.ngram import NgramProposer
 from verispec.sampling import SamplingParams
 
@@ -23,7 +22,8 @@ class DraftNgramProposer:
     which the next round it drafts feeds in one catch-up forward.
     """
 
-    def __init__(self, draft: DraftModelProposer, ngram_max: int, min_match: int) -> None:
+    def __init__(self, draft: Proposer, ngram_max: int, min_match: int) -> None:
+        """draft: the draft model's proposer (a DraftModelProposer, or one that chooses its length per round)."""
         self.draft, self.ngram_max, self.min_match = draft, ngram_max, min_match
         self.ngrams: dict[int, NgramProposer] = {}
         self.ngram_rounds = 0  # rounds (of any row) drafted by the n-gram lookup (for tests and curiosity)

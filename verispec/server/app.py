@@ -44,7 +44,7 @@ log = logging.getLogger("verispec.server")
 @dataclass(frozen=True)
 class ServerSettings:
     model_name: str = "verispec"  # the id clients send as `model` and /v1/models lists
-    strategy: str = "draft+ngram"  # for requests that name none (the `strategy` extension field)
+    strategy: str = "auto"  # for requests that name none (the `strategy` extension field)
     gamma: int = 4
     api_key: str | None = None
     max_concurrency: int = 8  # batch rows
