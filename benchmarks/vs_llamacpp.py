@@ -1,9 +1,10 @@
 """Ours against llama.cpp, per prompt and then geometric means, from a `verispec bench --peers llama.cpp` runs.jsonl.
 
-    python benchmarks/vs_llamacpp.py benchmarks/results/<run>/runs.jsonl > benchmarks/results/<run>/vs_llamacpp.md
+    python benchmarks/vs_llamacpp.py benchmarks/results/<run>/runs.jsonl [CONFIG] > benchmarks/results/<run>/vs_llamacpp.md
 
 Pairs each prompt's runs (same prompt, same temperature) and prints, per category group: our default
-configuration (the `draft+ngram γ=4` rows) over llama.cpp's plain decoding, whole-request and decode-only
+configuration (CONFIG's rows: `auto γ=4` by default, else `draft+ngram γ=4` in runs from before `auto` was the
+default) over llama.cpp's plain decoding, whole-request and decode-only
 (tokens after the first over the time after the first), over llama.cpp's prompt lookup, our plain decoding over
 llama.cpp's (decode only: the step), and the median time to first token of both.
 """
@@ -15,6 +16,9 @@ def dec(r):
 by = collections.defaultdict(dict)
 for r in rows:
     by[(r['prompt_id'], r['category'], r['temperature'])][r['config']] = r
+configs = {r['config'] for r in rows}
+ours = sys.argv[2] if len(sys.argv) > 2 else 'auto γ=4' if 'auto γ=4' in configs else 'draft+ngram γ=4'
+print(f"ours default: the `{ours}` rows")
 code = {"code_completion", "code_instruct", "code_edit"}
 def gm(xs): return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float('nan')
 for T in (0.0, 0.7):
@@ -25,7 +29,7 @@ for T in (0.0, 0.7):
         w, d, lk, pl, t1, t2 = [], [], [], [], [], []
         for (pid, cat, t), cfg in by.items():
             if t != T or not sel(cat): continue
-            o, l, lp, a = cfg.get('draft+ngram γ=4'), cfg.get('llama.cpp ar'), cfg.get('llama.cpp prompt_lookup γ=4'), cfg.get('ar')
+            o, l, lp, a = cfg.get(ours), cfg.get('llama.cpp ar'), cfg.get('llama.cpp prompt_lookup γ=4'), cfg.get('ar')
             if o and l:
                 w.append(o['tokens_per_s'] / l['tokens_per_s'])
                 if dec(o) and dec(l): d.append(dec(o) / dec(l))
