@@ -147,6 +147,12 @@ def test_pause_chooses_plain_steps_probes_and_resumes(wide_draft):
     proposer.reset(0, [1, 2, 3])
     assert [proposer._choose(0, 4) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 1]
     e = proposer.rows[0]
+    for accepted, wait in ((0, 6), (0, 12), (0, 24), (0, 24), (1, 3)):  # rejected probes back off, up to 8 x 3
+        e.asked = 1
+        proposer.draft.fed[0] = 0
+        proposer.observe(0, Outcome(accepted, [7] * (accepted + 1)))
+        assert e.wait == wait
+        assert [proposer._choose(0, 4) for _ in range(wait + 1)] == [0] * wait + [1]
     e.accepted, e.rejected = 50.0, 1.0  # the text turned predictable
     assert proposer._choose(0, 4) == 4 and e.paused == 0
     steady = AdaptiveGammaProposer(DraftModelProposer(wide_draft, 64), verify_cost=cost, prior_alpha=0.01,

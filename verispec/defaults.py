@@ -68,20 +68,26 @@ def default_draft_dtype(dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE
     return "int4" if dtype in ("bfloat16", "int8", "int4", "w8a8") else dtype
 
 
-def default_verify_cost(device: str = DEFAULT_DEVICE, *, quantized: bool = False) -> list[tuple[int, float]]:
+def default_verify_cost(device: str = DEFAULT_DEVICE, *, kernel_isa: str | None = None) -> list[tuple[int, float]]:
     """A target forward over k tokens in one-token units, (k, cost) points, for strategies that choose their
-    draft length per round (`auto`) before they have measured anything.
+    draft length per round (`auto`) before they have measured anything. kernel_isa: the w4a8 kernel build the
+    target runs on (None: not a w4a8 target).
 
-    On a CPU a w4a8 target's few-row matmuls are compute-bound: 2 tokens 1.1-1.2x a step, 5 tokens 1.5-1.6x,
-    9 about 2.3x (benchmarks/step_ab.py and `bench --costs`, AVX-512 VNNI EPYC, 2026-11-24). A bf16 target there is
+    On a CPU a w4a8 target's few-row matmuls are compute-bound: with the AVX-512 VNNI build 2 tokens cost 1.1-1.2x
+    a step, 5 tokens 1.5-1.6x, 9 about 2.3x; with the AVX2 build 1.4x, ~2.6x and ~4.2x (`bench --costs`,
+    benchmarks/results/2026-11-24-epyc-avx512-auto-default-vs-llamacpp and ...-avx2build-...). A bf16 target is
     bound by reading 3 GB of weights (5 tokens ~1.05x, 9 ~1.3x); a GPU is flat at these sizes.
 
-    >>> default_verify_cost("cpu", quantized=True)[2], default_verify_cost("cuda")
-    ((5, 1.6), [(1, 1.0), (16, 1.0)])
+    >>> default_verify_cost("cpu", kernel_isa="avx512")[2], default_verify_cost("cpu", kernel_isa="avx2")[2]
+    ((5, 1.6), (5, 2.6))
+    >>> default_verify_cost("cuda")
+    [(1, 1.0), (16, 1.0)]
     """
     if device != "cpu":
         return [(1, 1.0), (16, 1.0)]
-    if quantized:
+    if kernel_isa == "avx2":
+        return [(1, 1.0), (2, 1.4), (5, 2.6), (9, 4.2)]
+    if kernel_isa is not None:
         return [(1, 1.0), (2, 1.15), (5, 1.6), (9, 2.3)]
     return [(1, 1.0), (5, 1.05), (9, 1.3)]
 

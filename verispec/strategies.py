@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from verispec.defaults import default_verify_cost
+from verispec.models.kernels import kernel_isa
 from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
 from verispec.models.quant import W4A8Linear
@@ -114,7 +115,8 @@ def _auto(target: LoadedModel, draft: LoadedModel | None, size: Size, options: S
     least = min(options.ngram_min or 3, options.ngram_max)
     NgramProposer(options.ngram_max, least)
     model = target.model
-    cost = interpolate_cost(default_verify_cost(model.device.type, quantized=_w4a8(model)))
+    isa = kernel_isa() if _w4a8(model) else None
+    cost = interpolate_cost(default_verify_cost(model.device.type, kernel_isa=isa))
     adaptive = AdaptiveGammaProposer(_draft(target, draft, size, options), verify_cost=cost, pause=True)
     return DraftNgramProposer(adaptive, options.ngram_max, min_match=least)
 

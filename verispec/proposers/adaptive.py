@@ -11,9 +11,10 @@ asks for, from:
     share is measured from the end of a propose to its observe (the verification forward and bookkeeping),
     divided by `verify_cost` of the tokens verified where a wider forward costs more than one token.
 With `pause=True` gamma may be 0: when no gamma is predicted to beat a plain step (prose the draft guesses
-badly), the row decodes plainly, its pending tokens queue for the draft's next catch-up forward, and every
+badly), the row decodes plainly, its pending tokens queue for the draft's next catch-up forward, and after
 `probe_every` paused rounds one 1-token proposal re-measures alpha, so drafting resumes where the text turns
-predictable again.
+predictable again. A rejected probe doubles the wait before the next (up to 8 x probe_every): on prose a probe
+costs more than the plain step it replaces.
 The draft length is a function of the draft's own history, never of the target's current logits, so the
 output distribution is untouched.
 """
@@ -45,6 +46,8 @@ class Estimates:
     draft_seconds: float = 0.0  # its last round's drafting
     draft_forwards: int = 0
     paused: int = 0  # rounds in a row decoded plainly because drafting did not pay
+    wait: int = 0  # paused rounds before the next probe (probe_every, doubled after each rejected probe)
+    probing: bool = False  # the last proposal was a probe
     timed: bool = False  # whether the last round's drafting measures c (not a catch-up after a pause)
 
 
@@ -76,12 +79,14 @@ class AdaptiveGammaProposer:
         if gamma > 0:
             alpha = self.alpha(row)
             choice = min(gamma, optimal_gamma(alpha, e.c, max_gamma=gamma, verify_cost=self.verify_cost))
+            e.probing = False
             if self.pause and predicted_speedup(alpha, choice, e.c, self.verify_cost) < 1.0 / self.verify_cost(1):
                 e.paused += 1
-                choice = 1 if e.paused > self.probe_every else 0  # a probe keeps alpha current
-                e.paused = 0 if choice else e.paused
+                e.wait = e.wait or self.probe_every
+                choice = 1 if e.paused > e.wait else 0  # a probe keeps alpha current
+                e.paused, e.probing = (0, True) if choice else (e.paused, False)
             else:
-                e.paused = 0
+                e.paused, e.wait = 0, 0
         self.gammas.append(choice)
         return choice
 
@@ -109,6 +114,8 @@ class AdaptiveGammaProposer:
                 e.c = self.decay * e.c + (1.0 - self.decay) * (step / unit)
         if e.asked:  # a round this row did not draft (paused, or another proposer's) tests nothing
             rejected = 1.0 if outcome.num_accepted < e.asked else 0.0  # cut short by confidence: no rejection
+            if e.probing:
+                e.wait = min(2 * e.wait, 8 * self.probe_every) if rejected else self.probe_every
             e.accepted = self.decay * e.accepted + outcome.num_accepted
             e.rejected = self.decay * e.rejected + rejected
         e.asked, e.draft_forwards, e.draft_seconds = 0, 0, 0.0
