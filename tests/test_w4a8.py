@@ -215,3 +215,38 @@ def test_refusals_name_what_to_use(tmp_path, monkeypatch):
         load(str(path), dtype="w4a8", progress=False)
     message = str(refused.value)
     assert "AVX2" in message and "w8a8" not in message and "\n" not in message
+
+
+def test_read_safetensors_matches_the_library_and_aligns(tmp_path):
+    """verispec's plain-read loader (no mapping: a quantized model's load no longer peaks at twice its size) gives
+    the tensors safetensors itself reads, every one in its own 64-byte-aligned allocation."""
+    from safetensors.torch import load_file, save_file
+
+    from verispec.models.files import read_safetensors
+
+    state = {"f32": torch.randn(3, 5), "bf16": torch.randn(7).bfloat16(), "u8": torch.randint(0, 255, (4, 9), dtype=torch.uint8),
+             "f16": torch.randn(2, 2).half(), "i64": torch.arange(5), "empty": torch.empty(0, 4)}
+    save_file(state, str(tmp_path / "x.safetensors"))
+    ours, theirs = read_safetensors(tmp_path / "x.safetensors"), load_file(str(tmp_path / "x.safetensors"))
+    assert ours.keys() == theirs.keys()
+    for k in ours:
+        assert ours[k].dtype == theirs[k].dtype and torch.equal(ours[k], theirs[k]), k
+        assert ours[k].numel() == 0 or ours[k].data_ptr() % 64 == 0, k
+
+
+def test_embedding_kept_in_bf16_only_where_lossless(tiny_target):
+    """A float32 model whose table holds bf16 values keeps it in bf16 and computes the same logits; a table with
+    values bf16 cannot hold stays float32."""
+    import copy
+
+    from verispec.models.quant import compact_embedding
+
+    model = copy.deepcopy(tiny_target).float()
+    tokens = torch.tensor([[1, 5, 9, 2]]) % model.vocab_size
+    assert not compact_embedding(model) and model.embed.weight.dtype == torch.float32  # random float32 values
+    with torch.no_grad():
+        model.embed.weight.copy_(model.embed.weight.bfloat16().float())
+    before = model.forward(tokens, model.new_cache(8))
+    assert compact_embedding(model) and model.embed.weight.dtype == torch.bfloat16
+    assert model.dtype == torch.float32
+    assert torch.equal(model.forward(tokens, model.new_cache(8)), before)
