@@ -194,3 +194,24 @@ def test_paused_sampling_matches_exact_law(tiny_target, tiny_draft):
     print(f"\n[adaptive, paused] T=1: {verdict}; gammas {sorted(lengths)}")
     assert lengths == {0, 1}
     assert verdict.passes, verdict
+
+
+def test_untimed_c_makes_seeded_runs_repeat(wide_target, wide_draft, monkeypatch):
+    """With measure_c=False (what `auto` uses) the draft lengths depend on acceptance alone: however the clock
+    reads, a seeded sampled run chooses the same lengths and draws the same tokens."""
+    import random
+
+    import verispec.proposers.adaptive as adaptive_module
+
+    def run(clock_seed: int):
+        clock = random.Random(clock_seed)
+        monkeypatch.setattr(adaptive_module.time, "perf_counter", lambda: clock.random() * 100)
+        proposer = AdaptiveGammaProposer(DraftModelProposer(wide_draft, 128), pause=True, probe_every=2,
+                                         prior_c=0.3, measure_c=False)
+        res = generate(wide_target, PROMPTS[1], GenerationParams(max_new_tokens=MAX_NEW, gamma=4, seed=5,
+                                                                 sampling=SamplingParams(temperature=1.0)), proposer)
+        return res.token_ids, proposer.gammas
+
+    first, second = run(1), run(2)
+    assert first == second
+    assert len(set(first[1])) > 1  # the lengths did vary with acceptance

@@ -46,7 +46,8 @@ def gen_json(pair: tuple[Path, Path], capsys: pytest.CaptureFixture, *extra: str
 
 
 def test_greedy_speculative_equals_plain(pair, capsys):
-    spec = gen_json(pair, capsys, "--gamma", "3")
+    # a fixed gamma: the default (auto) rightly decodes plainly here, where the draft is as large as the target
+    spec = gen_json(pair, capsys, "--strategy", "draft", "--gamma", "3")
     plain = gen_json(pair, capsys, "--no-speculate")
     assert spec["token_ids"] == plain["token_ids"]
     assert len(spec["token_ids"]) > 0
@@ -55,7 +56,7 @@ def test_greedy_speculative_equals_plain(pair, capsys):
                 "per_position_acceptance"):
         assert key in m
     assert 0.0 <= m["alpha"] <= 1.0
-    assert 1 <= len(m["per_position_acceptance"]) <= 3  # the default strategy chooses its length, capped by gamma
+    assert len(m["per_position_acceptance"]) == 3
     # Fewer target forwards than tokens whenever anything was accepted.
     assert m["target_forwards"] <= len(spec["token_ids"]) + 1
     assert plain["metrics"]["target_forwards"] == len(plain["token_ids"]) + 1 or plain["finish_reason"] == "eos"
@@ -305,3 +306,16 @@ def test_defaults_module():
     assert default_draft_dtype("bfloat16", "cpu") == "int4" and default_draft_dtype("w8a8", "cpu") == "int4"
     assert default_draft_dtype("w4a8", "cpu") == "w4a8-4bit" and default_draft_dtype("float32", "cpu") == "float32"
     assert default_draft_dtype("bfloat16", "cuda") == "bfloat16"
+
+
+def test_vllm_names_for_the_draft_and_gamma(pair, capsys):
+    """--speculative-model and --num-speculative-tokens (vLLM's flags) are --draft and --gamma."""
+    target, draft = pair
+    ours = gen_json(pair, capsys, "--strategy", "draft", "--gamma", "3")
+    code, out, err = run_inline(capsys, "generate", "def x ( a ) :", "--target", str(target), "--speculative-model",
+                                str(draft), "--dtype", "float32", "--max-new-tokens", "40", "--json",
+                                "--strategy", "draft", "--num-speculative-tokens", "3")
+    assert code == 0, err
+    theirs = json.loads(out)
+    assert theirs["token_ids"] == ours["token_ids"]
+    assert len(theirs["metrics"]["per_position_acceptance"]) == 3  # gamma 3 reached the round

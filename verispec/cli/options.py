@@ -53,9 +53,10 @@ def add_strategy_argument(p: argparse.ArgumentParser, default: str) -> None:
 
 def add_gamma_argument(p: argparse.ArgumentParser) -> None:
     """`--gamma N`, tokens drafted per round; None until `gamma_of` fills in the hardware default."""
-    p.add_argument("--gamma", type=int, default=None,
-                   help="tokens drafted per round (default: 8 for a bfloat16 or float32 target on a CPU, whose "
-                        "verification of 9 tokens costs ~1.3x a step; else 4)")
+    p.add_argument("--gamma", "--num-speculative-tokens", dest="gamma", type=int, default=None,
+                   help="tokens drafted per round, the most a round drafts for auto and adaptive (default: 8 for a "
+                        "bfloat16 or float32 target on a CPU, whose verification of 9 tokens costs ~1.3x a step; "
+                        "else 4). --num-speculative-tokens is vLLM's name for it")
 
 
 def resolve_dtype(args: argparse.Namespace) -> bool:
@@ -98,7 +99,8 @@ def add_model_options(p: argparse.ArgumentParser, default_target: str, default_d
     """--target and --dtype; with a default draft also --draft, --draft-dtype and --draft-vocab; --device."""
     p.add_argument("--target", default=default_target, help="HF directory, .gguf file or packaged name (default: %(default)s)")
     if default_draft is not None:
-        p.add_argument("--draft", default=default_draft, help="draft model, same forms (default: %(default)s)")
+        p.add_argument("--draft", "--speculative-model", dest="draft", default=default_draft,
+                       help="draft model, same forms (default: %(default)s); --speculative-model is vLLM's name for it")
     if "w4a8" in dtypes:
         p.add_argument("--dtype", choices=dtypes, default=None,
                        help="the target's precision (int8/int4: weight-only quantized; w8a8: int8 weights and "

@@ -54,13 +54,15 @@ class Estimates:
 class AdaptiveGammaProposer:
     def __init__(self, draft: DraftModelProposer, *, decay: float = 0.9, prior_alpha: float = 0.7,
                  prior_weight: float = 4.0, prior_c: float = 0.25, verify_cost: VerifyCost = flat_cost,
-                 pause: bool = False, probe_every: int = 4) -> None:
+                 pause: bool = False, probe_every: int = 4, measure_c: bool = True) -> None:
+        """measure_c=False keeps c at prior_c: the draft lengths then depend on acceptance alone, not on wall-clock
+        timings, so a seeded sampled run gives the same tokens every time."""
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
         if probe_every < 1:
             raise ValueError(f"probe_every must be >= 1, got {probe_every}")
         self.draft, self.decay = draft, decay
-        self.verify_cost, self.pause, self.probe_every = verify_cost, pause, probe_every
+        self.verify_cost, self.pause, self.probe_every, self.measure_c = verify_cost, pause, probe_every, measure_c
         self.prior = (prior_alpha * prior_weight, (1.0 - prior_alpha) * prior_weight, prior_c)
         self.rows: dict[int, Estimates] = {}
         self.gammas: list[int] = []  # every gamma chosen, all rows (for tests and reports)
@@ -106,7 +108,7 @@ class AdaptiveGammaProposer:
 
     def observe(self, row: int, outcome: Outcome) -> None:
         e = self.rows[row]
-        if e.draft_forwards and e.timed and e.round_end is not None:  # it drafted this round: time the target
+        if self.measure_c and e.draft_forwards and e.timed and e.round_end is not None:  # time the target's part
             rest = time.perf_counter() - e.round_end  # verification forward + bookkeeping
             if rest > 0:
                 step = e.draft_seconds / e.draft_forwards
