@@ -64,8 +64,8 @@ def weight_bytes_per_token(model) -> int:
             total += p.shape[-1] * p.element_size()  # one row
             continue
         total += p.numel() * p.element_size()
-    for name, b in model.named_buffers():  # int8 weights and their scales live in buffers
-        if name.endswith(("weight", "scale", "scales", "qweight", "scales_and_zeros")):
+    for name, b in model.named_buffers():  # quantized weights, their scales, offsets and biases live in buffers
+        if name.endswith(("weight", "scale", "scales", "offsets", "bias", "qweight", "scales_and_zeros")):
             total += b.numel() * b.element_size()
     return total
 
