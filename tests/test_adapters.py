@@ -229,3 +229,24 @@ def test_memory_check_ignores_cached_quantized_copies(tmp_path, monkeypatch):
     monkeypatch.setattr(load_mod, "_available_bytes", lambda: 1500)
     with pytest.raises(ModelError, match="not enough memory"):
         load_mod._check_memory(tmp_path, {"torch_dtype": "bfloat16"}, torch.float32)
+
+
+def test_auto_strategy_runs_over_the_transformers_adapter():
+    """`auto` sizes its draft cost from the weights behind the adapter, and stays greedy-identical there."""
+    from pathlib import Path
+
+    import transformers
+
+    from verispec import strategies
+    from verispec.models.hf import HFCausalLM
+    from verispec.models.load import LoadedModel
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    target, draft = HFCausalLM(transformers.LlamaForCausalLM(cfg)), HFCausalLM(transformers.LlamaForCausalLM(cfg))
+    proposer = strategies.make_proposer("auto", LoadedModel(target, None, Path("/t"), "t"),
+                                        LoadedModel(draft, None, Path("/d"), "d"), 64)
+    assert proposer.draft.prior[2] == pytest.approx(1.0)  # c: the draft is the target's size
+    plain = generate(target, [1, 2, 3], GenerationParams(max_new_tokens=8)).token_ids
+    assert generate(target, [1, 2, 3], GenerationParams(max_new_tokens=8, gamma=3), proposer).token_ids == plain

@@ -257,7 +257,7 @@ def test_weight_bytes_per_token_counts_every_w4a8_operand(tiny_target):
     one row of the embedding table (offsets were once left out: the limit came out 9% low for the 1.5B target)."""
     import copy
 
-    from verispec.bench.costs import weight_bytes_per_token
+    from verispec.models.base import weight_bytes_per_token
     from verispec.models.quant import quantize
 
     model = quantize(copy.deepcopy(tiny_target).float(), "w4a8")

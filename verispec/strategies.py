@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from verispec.defaults import default_verify_cost
+from verispec.models.base import weight_bytes_per_token
 from verispec.models.kernels import kernel_isa
+from verispec.models.hf import HFCausalLM
 from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
 from verispec.models.quant import W4A8Linear
@@ -122,20 +124,15 @@ def _auto(target: LoadedModel, draft: LoadedModel | None, size: Size, options: S
     cost = interpolate_cost(default_verify_cost(model.device.type, kernel_isa=isa))
     # c from the bytes each forward streams (the draft's over the target's): not timed, so that a seeded run
     # draws the same tokens every time (measured c, 0.3-0.46 with the packaged pair, was as noisy as the machine)
-    c = _streamed_bytes(draft.model) / max(1, _streamed_bytes(model))
+    c = weight_bytes_per_token(_module(draft.model)) / max(1, weight_bytes_per_token(_module(model)))
     adaptive = AdaptiveGammaProposer(_draft(target, draft, size, options), verify_cost=cost, pause=True,
                                      prior_c=c, measure_c=False)
     return DraftNgramProposer(adaptive, options.ngram_max, min_match=least)
 
 
-def _streamed_bytes(model: object) -> int:
-    """Bytes of weights a decoding step reads: every parameter and buffer but the embedding table and rope tables
-    (a step reads one row of those)."""
-    if not isinstance(model, torch.nn.Module):
-        return 1
-    skip = {id(t) for name, t in model.named_parameters() if name.startswith("embed")}
-    skip |= {id(b) for name, b in model.named_buffers() if name in ("cos", "sin")}
-    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()] if id(t) not in skip)
+def _module(model: object) -> torch.nn.Module:
+    """The torch module holding a model's weights (transformers' own, behind the adapter)."""
+    return model.model if isinstance(model, HFCausalLM) else model  # type: ignore[return-value]
 
 
 def _w4a8(model: object) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from verispec.bench.stats import median
+from verispec.models.base import weight_bytes_per_token
 
 
 def _sync(device: torch.device) -> None:
@@ -47,27 +48,6 @@ def verification_curve(model, *, context: int = 512, sizes: Sequence[int] = (1, 
         row["ms"] = round(row["ms"], 2)
         row["relative_to_1"] = round(row["relative_to_1"], 3)
     return out
-
-
-def weight_bytes_per_token(model) -> int:
-    """Bytes of weights a one-token forward reads: every parameter except the embedding table (one row of it
-    is read) — and the LM head counts fully even when tied to the embedding."""
-    total = 0
-    seen: set[int] = set()
-    embed = getattr(model, "embed", None)
-    for name, p in model.named_parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        if embed is not None and p is embed.weight and getattr(model, "lm_head", None) is not None \
-                and model.lm_head.weight is not p:
-            total += p.shape[-1] * p.element_size()  # one row
-            continue
-        total += p.numel() * p.element_size()
-    for name, b in model.named_buffers():  # quantized weights, their scales, offsets and biases live in buffers
-        if name.endswith(("weight", "scale", "scales", "offsets", "bias", "qweight", "scales_and_zeros")):
-            total += b.numel() * b.element_size()
-    return total
 
 
 def read_bandwidth(size_mb: int = 512, reps: int = 5, device: torch.device | str = "cpu") -> float:

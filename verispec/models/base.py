@@ -1,4 +1,4 @@
-"""The narrow model protocol every backend implements."""
+"""The narrow model protocol every backend implements, and what a decoding step of one reads."""
 
 from __future__ import annotations
 
@@ -26,3 +26,24 @@ class CausalLM(Protocol):
         Writes the new keys/values after the committed prefix and commits nothing.
         """
         ...
+
+
+def weight_bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes of weights a one-token forward reads: every parameter except the embedding table (one row of it
+    is read) — and the LM head counts fully even when tied to the embedding."""
+    total = 0
+    seen: set[int] = set()
+    embed = getattr(model, "embed", None)
+    for name, p in model.named_parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        if embed is not None and p is embed.weight and getattr(model, "lm_head", None) is not None \
+                and model.lm_head.weight is not p:
+            total += p.shape[-1] * p.element_size()  # one row
+            continue
+        total += p.numel() * p.element_size()
+    for name, b in model.named_buffers():  # quantized weights, their scales, offsets and biases live in buffers
+        if name.endswith(("weight", "scale", "scales", "offsets", "bias", "qweight", "scales_and_zeros")):
+            total += b.numel() * b.element_size()
+    return total

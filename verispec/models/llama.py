@@ -214,22 +214,21 @@ class Block(nn.Module):
         batch, t, width = x.shape
         rows = x.reshape(batch * t, width).contiguous()
         cos, sin = (c.reshape(-1, t, self.hd).contiguous() for c in (cos, sin))
+        ops = self._operands()
         if isinstance(attend, KernelAttend):  # the whole layer in one call
-            ops = self._operands()
             kc, vc = cache.layer_kv(layer)
             index, slots, read = cache.plan(batch, t)
             out = kernel.layer(rows, self.attn_norm.weight, self.attn_norm.eps, *ops[0], cos, sin, self.n_heads,
                                self.n_kv, kc, vc, index, slots, read, attend.mask, *ops[1], self.ffn_norm.weight,
                                self.ffn_norm.eps, *ops[2], *ops[3])
             return out.view(batch, t, width)
-        qkv = kernel.layer_pre(rows, self.attn_norm.weight, self.attn_norm.eps, *self.wqkv.operands(), cos, sin,
-                               self.n_heads, self.n_kv, t).view(batch, t, -1)
+        qkv = kernel.layer_pre(rows, self.attn_norm.weight, self.attn_norm.eps, *ops[0], cos, sin, self.n_heads,
+                               self.n_kv, t).view(batch, t, -1)
         q, k, v = (part.view(batch, t, -1, self.hd).transpose(1, 2) for part in qkv.split(
             [self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1))
         k_all, v_all = cache.write(layer, k, v)
         attn = attend(q, k_all, v_all).transpose(1, 2).reshape(batch * t, -1)
-        out = kernel.layer_post(rows, attn, *self.wo.operands()[:3], self.ffn_norm.weight, self.ffn_norm.eps,
-                                *self.w13.operands()[:3], *self.w2.operands()[:3])
+        out = kernel.layer_post(rows, attn, *ops[1], self.ffn_norm.weight, self.ffn_norm.eps, *ops[2], *ops[3])
         return out.view(batch, t, width)
 
     def _operands(self) -> tuple[tuple[Tensor, ...], ...]:

@@ -204,7 +204,7 @@ class W4A8Linear(nn.Module):
         return (qb[..., 0] | (qb[..., 1] << 4)).reshape(n // 16, k // 8, 64).contiguous()
 
     def _load_from_state_dict(self, state: dict, prefix: str, *args: Any) -> None:
-        """A cached matrix may hold 8-bit codes where this module was built (on the meta device) for 4."""
+        """A cached matrix may hold 6- or 8-bit codes where this module was built (on the meta device) for 4."""
         saved = state.get(prefix + "weight")
         if saved is not None and saved.shape != self.weight.shape:
             kp = self._padded[0]

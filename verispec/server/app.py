@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from verispec.defaults import DEFAULT_STRATEGY
 from verispec.engine import GenerationParams
 from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
@@ -44,7 +45,7 @@ log = logging.getLogger("verispec.server")
 @dataclass(frozen=True)
 class ServerSettings:
     model_name: str = "verispec"  # the id clients send as `model` and /v1/models lists
-    strategy: str = "auto"  # for requests that name none (the `strategy` extension field)
+    strategy: str = DEFAULT_STRATEGY  # for requests that name none (the `strategy` extension field)
     gamma: int = 4
     api_key: str | None = None
     max_concurrency: int = 8  # batch rows
