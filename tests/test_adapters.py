@@ -250,3 +250,22 @@ def test_auto_strategy_runs_over_the_transformers_adapter():
     assert proposer.draft.prior[2] == pytest.approx(1.0)  # c: the draft is the target's size
     plain = generate(target, [1, 2, 3], GenerationParams(max_new_tokens=8)).token_ids
     assert generate(target, [1, 2, 3], GenerationParams(max_new_tokens=8, gamma=3), proposer).token_ids == plain
+
+
+def test_tree_strategy_refuses_the_transformers_adapter_with_one_line():
+    """Trees need tree masks and path commits in both models: the adapter's models say so before any request."""
+    from pathlib import Path
+
+    import transformers
+
+    from verispec import strategies
+    from verispec.models.load import LoadedModel
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    hf = HFCausalLM(transformers.LlamaForCausalLM(cfg))
+    native = LlamaModel.random(tiny_config(vocab_size=64), seed=0)
+    for target, draft, who in ((hf, native, "target"), (native, hf, "draft")):
+        with pytest.raises(ValueError, match=f"needs a native Llama-family {who}"):
+            strategies.make_proposer("tree", LoadedModel(target, None, Path("/t"), "t"),
+                                     LoadedModel(draft, None, Path("/d"), "d"), 64)

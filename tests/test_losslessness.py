@@ -36,7 +36,7 @@ from verispec.models.llama import LlamaModel
 from verispec.proposers.base import Proposer
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.sampling import SamplingParams, logits_to_probs
-from verispec.verify import Verified, verify_chain
+from verispec.verify import Verified, verify_chain, verify_tree
 
 PROMPT = [4, 4, 1]
 W = 3  # tokens whose joint law is compared
@@ -120,7 +120,7 @@ class Run:
 
 def sample_engine(target: LlamaModel, draft: LlamaModel | None, sampling: SamplingParams, gamma: int,
                   seed_base: int, verifier=verify_chain, n: int = N, prompt: list[int] = PROMPT,
-                  make_proposer: Callable[[int], Proposer] | None = None) -> Run:
+                  make_proposer: Callable[[int], Proposer] | None = None, tree_verifier=verify_tree) -> Run:
     """make_proposer(max_len), if given, replaces the DraftModelProposer over `draft` (other proposers' tests)."""
     V = target.vocab_size
     counts = np.zeros((V,) * W, dtype=np.int64)
@@ -135,7 +135,8 @@ def sample_engine(target: LlamaModel, draft: LlamaModel | None, sampling: Sampli
             proposer = None if draft is None else DraftModelProposer(draft, max_len)
         res = Generation()
         out: list[int] = []
-        for new in stream(target, prompt, params, proposer, result=res, verifier=verifier):
+        for new in stream(target, prompt, params, proposer, result=res, verifier=verifier,
+                          tree_verifier=tree_verifier):
             out += new
             if len(out) >= W:
                 break

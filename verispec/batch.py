@@ -32,11 +32,32 @@ from verispec.models.llama import LlamaModel, attention
 
 @dataclass(frozen=True)
 class Tree:
-    """A row's new tokens as a tree: positions [T] offsets from the row's length, mask [T, T] bool (which new
-    tokens each new token sees). A chain is positions 0..T-1 with a causal mask."""
+    """A row's new tokens as a tree: positions [T] offsets from the row's length, mask [T, K + T] bool (which of
+    the row's last K committed tokens and of the new tokens each new token sees; K = 0 in a verification, K > 0
+    where a drafter feeds a tree one depth at a time, its earlier depths provisionally committed). A chain is
+    positions 0..T-1 with a causal [T, T] mask. Tokens before the last K are always seen."""
 
     positions: Tensor
     mask: Tensor
+
+
+def tree_layout(parents: list[int]) -> Tree:
+    """The Tree of [pending] + a proposal tree (parents[i] < i, -1 the pending token): node i sits at its depth
+    (the root's children at 1) and sees the pending token, its ancestors and itself.
+
+    Worked example, parents [-1, -1, 0]: nodes a, b under pending, c under a -> positions [0, 1, 1, 2] and c's
+    mask row [1, 1, 0, 1] (pending, a, c)."""
+    n = len(parents)
+    depth = [0] * (n + 1)
+    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    mask[0, 0] = True
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"node {i} has parent {parent}: a parent must come before its children")
+        depth[i + 1] = depth[parent + 1] + 1
+        mask[i + 1] = mask[parent + 1]
+        mask[i + 1, i + 1] = True
+    return Tree(positions=torch.tensor(depth, dtype=torch.long), mask=mask)
 
 
 class Rows(Protocol):
@@ -52,6 +73,9 @@ class Rows(Protocol):
                 layers: int | None = None, trees: list[Tree | None] | None = None) -> list[Tensor]:
         """Logits per row: [len(chains[b]), V], or [1, V] of the last token with last_only."""
     def commit(self, r: int, n: int) -> None: ...
+    def commit_path(self, r: int, offsets: list[int]) -> None:
+        """Commit the slots the last forward wrote at offsets (a tree's accepted path), compacted; see
+        BatchKVCache.commit_path."""
     def rollback(self, r: int, n: int) -> None: ...
     def free(self, r: int) -> None: ...
     def move(self, src: int, dst: int) -> None: ...
@@ -94,6 +118,9 @@ class NativeRows:
     def commit(self, r: int, n: int) -> None:
         self.cache.commit(r, n)
 
+    def commit_path(self, r: int, offsets: list[int]) -> None:
+        self.cache.commit_path(r, offsets)
+
     def rollback(self, r: int, n: int) -> None:
         self.cache.rollback(r, n)
 
@@ -130,6 +157,11 @@ class LoopRows:
         if self.caches[r].length + n > self.max_len:
             raise ValueError(f"cannot commit {n} tokens at length {self.caches[r].length} (max {self.max_len})")
         self.caches[r].commit(n)
+
+    def commit_path(self, r: int, offsets: list[int]) -> None:
+        if offsets != list(range(len(offsets))):  # only a chain: these rows run no trees
+            raise ValueError(f"{type(self.model).__name__} cannot keep a tree's path")
+        self.commit(r, len(offsets))
 
     def rollback(self, r: int, n: int) -> None:
         self.caches[r].rollback(n)
@@ -186,7 +218,8 @@ def forward_rows(model: LlamaModel, chains: list[list[int]], cache: BatchKVCache
             continue
         lb, sb = lens[b], int(starts[b])
         positions[b, :lb] = sb + tree.positions.to(torch.long).cpu()
-        mask[b, :lb, sb : sb + lb] = tree.mask.to(torch.bool).cpu()
+        back = tree.mask.shape[1] - lb  # K: committed slots the tree's mask reaches back over
+        mask[b, :lb, sb - back : sb + lb] = tree.mask.to(torch.bool).cpu()
     cos = model.cos[positions].to(model.dtype)[:, None].to(device)  # [n, 1, T, D], broadcast over heads
     sin = model.sin[positions].to(model.dtype)[:, None].to(device)
     view = cache.rows_view(rows, slots, read)

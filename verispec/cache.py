@@ -127,6 +127,26 @@ class BatchKVCache:
             raise ValueError(f"cannot roll back {n} of {self.lengths[r]} tokens")
         self.lengths[r] -= n
 
+    def commit_path(self, r: int, offsets: list[int]) -> None:
+        """Keep the slots at length + offsets[j] (increasing, offsets[j] >= j), moved to length + j, and commit
+        them: a token tree's accepted path, whose nodes the forward wrote wherever the tree put them.
+
+        Worked example: a forward wrote [pending, a, b, c] at slots L .. L+3, b's parent being pending; keeping
+        pending and b is offsets [0, 2]: slot L+2 moves to L+1 and the length becomes L+2. A destination never
+        overwrites a source still to be read (each moves down, in order)."""
+        if any(o < j for j, o in enumerate(offsets)) or offsets != sorted(set(offsets)):
+            raise ValueError(f"path offsets must increase with offsets[j] >= j, got {offsets}")
+        start = self.lengths[r]
+        if offsets and start + offsets[-1] >= self.capacity:
+            raise ValueError(f"path offset {offsets[-1]} past the cache's {self.capacity} slots (length {start})")
+        moved = [(start + j, start + o) for j, o in enumerate(offsets) if o != j]
+        if moved:
+            dst = torch.tensor([d for d, _ in moved], device=self.k.device)
+            src = torch.tensor([s for _, s in moved], device=self.k.device)
+            for t in (self.k, self.v):
+                t[:, r, :, dst] = t[:, r, :, src]  # the right side is gathered (a copy) before the write
+        self.commit(r, len(offsets))
+
     def free(self, r: int) -> None:
         self.lengths[r] = 0
 

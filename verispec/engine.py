@@ -27,12 +27,12 @@ from typing import Any, TypeVar
 
 import torch
 
-from verispec.batch import Rows, Tree, make_rows, prefill
+from verispec.batch import Rows, Tree, make_rows, prefill, tree_layout
 from verispec.metrics import RequestMetrics
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Outcome, PerRow, Proposal, Proposer, SequenceProposer
 from verispec.sampling import SamplingParams, make_generator
-from verispec.verify import ChainVerifier, verify, verify_chain
+from verispec.verify import ChainVerifier, TreeVerifier, verify, verify_chain, verify_tree
 
 log = logging.getLogger("verispec.engine")
 
@@ -159,9 +159,10 @@ class Batch:
     """
 
     def __init__(self, target: CausalLM, rows: int, max_len: int, *, slack: int = 32,
-                 verifier: ChainVerifier = verify_chain, fall_back: bool = False) -> None:
+                 verifier: ChainVerifier = verify_chain, tree_verifier: TreeVerifier = verify_tree,
+                 fall_back: bool = False) -> None:
         self.target: Rows = make_rows(target, rows, max_len, slack)
-        self.verifier, self.fall_back = verifier, fall_back
+        self.verifier, self.tree_verifier, self.fall_back = verifier, tree_verifier, fall_back
         self.live: list[Sequence] = []  # index == cache row
 
     @property
@@ -262,7 +263,9 @@ class Batch:
             draft = p.tokens.cpu() if p is not None else torch.empty(0, dtype=torch.long)
             chain = [s.pending] + draft.tolist()
             tree = None
-            if p is not None and p.extra is not None and p.extra.numel():
+            if p is not None and p.parents is not None:  # a token tree, verified whole in this forward
+                tree = tree_layout(p.parents.tolist())
+            elif p is not None and p.extra is not None and p.extra.numel():
                 if target.length(i) + len(chain) + p.extra.numel() <= target.capacity:
                     tree = extra_layout(len(chain) - 1, p)
                     chain += p.extra.tolist()
@@ -280,9 +283,10 @@ class Batch:
         # Verify every row in one call (rows whose verification fails end alone).
         t0 = time.perf_counter()
         qs = [p.q if p is not None else None for p in proposals]
-        got = _per_row(lambda ii: _unbatch(verify([drafts[i] for i in ii], [logits[i] for i in ii],
-                                                  [qs[i] for i in ii], [seqs[i].params.sampling for i in ii],
-                                                  [seqs[i].generator for i in ii], self.verifier)),
+        parents = [p.parents if p is not None else None for p in proposals]
+        got = _per_row(lambda ii: verify([drafts[i] for i in ii], [logits[i] for i in ii], [qs[i] for i in ii],
+                                         [seqs[i].params.sampling for i in ii], [seqs[i].generator for i in ii],
+                                         self.verifier, parents=[parents[i] for i in ii], tree=self.tree_verifier),
                        list(range(len(seqs))), [s.generator for s in seqs])
         verify_share = (time.perf_counter() - t0) / len(seqs)
 
@@ -297,12 +301,17 @@ class Batch:
                 self._fail(s, v)
                 steps.append(Step(s, [], drafts[i].numel(), 0))
                 continue
-            n, emitted = v
-            target.commit(i, n + 1)  # pending + the accepted drafts; the recovered/bonus token is the new pending
+            n, emitted = v.num_accepted, v.emitted
+            # pending + the accepted drafts (a tree's path, moved next to each other); the recovered/bonus token is
+            # the new pending
+            if parents[i] is not None:
+                target.commit_path(i, [0] + [1 + node for node in v.path])
+            else:
+                target.commit(i, n + 1)
             s.pending = emitted[-1]
             if s.proposer is not None:
                 try:
-                    s.proposer.observe(i, Outcome(n, emitted, extra_logits[i]))
+                    s.proposer.observe(i, Outcome(n, emitted, extra_logits[i], v.path))
                 except Exception as e:  # noqa: BLE001 - the row goes on target-only
                     self._fall_back(s, i, e)
             new, reason = apply_stops(s.out, emitted, s.params, s.stop_fn)
@@ -321,12 +330,6 @@ class Batch:
         return steps
 
 
-def _unbatch(verified) -> list[tuple[int, list[int]]]:
-    """Verified -> per row (num_accepted, the tokens it emits)."""
-    ns = verified.num_accepted.tolist()
-    return [(n, row[: n + 1]) for n, row in zip(ns, verified.tokens.tolist())]
-
-
 def as_proposer(proposer: Proposer | SequenceProposer | None) -> Proposer | None:
     """A SequenceProposer instance serves one sequence; the round speaks to proposers by row."""
     if isinstance(proposer, SequenceProposer):
@@ -343,6 +346,7 @@ def stream(
     result: Generation | None = None,
     stop_fn: StopFn | None = None,
     verifier: ChainVerifier = verify_chain,
+    tree_verifier: TreeVerifier = verify_tree,
 ) -> Iterator[list[int]]:
     """Yield the new tokens of each round of one sequence (a Batch of one row); `result` receives ids, finish
     reason and metrics. A proposer built for one row (strategies.make_proposer's default) serves it."""
@@ -350,7 +354,8 @@ def stream(
         raise ValueError("the prompt is empty")
     # Scratch for the widest verification forward (gamma + 1 tokens, +1 spare); a lookahead window fits where the
     # remaining length leaves room, and is left out of the last rounds otherwise.
-    batch = Batch(target, 1, len(prompt) + params.max_new_tokens, slack=params.gamma + 2, verifier=verifier)
+    batch = Batch(target, 1, len(prompt) + params.max_new_tokens, slack=params.gamma + 2, verifier=verifier,
+                  tree_verifier=tree_verifier)
     seq = batch.add(prompt, params, as_proposer(proposer), stop_fn=stop_fn, result=result)
     while batch.live:
         for step in batch.round():

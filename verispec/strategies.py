@@ -25,8 +25,9 @@ from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.layerskip import LayerSkipProposer, load_calibration, model_id
 from verispec.proposers.lookahead import LookaheadProposer
 from verispec.proposers.mix import DraftNgramProposer
+from verispec.proposers.tree import TreeDraftProposer
 from verispec.proposers.ngram import NgramProposer
-from verispec.theory import interpolate_cost
+from verispec.theory import VerifyCost, interpolate_cost
 
 
 @dataclass(frozen=True)
@@ -118,16 +119,33 @@ def _auto(target: LoadedModel, draft: LoadedModel | None, size: Size, options: S
     target's verification-cost curve on this hardware."""
     least = min(options.ngram_min or 3, options.ngram_max)
     NgramProposer(options.ngram_max, least)
-    model = target.model
-    assert draft is not None
-    isa = kernel_isa() if _w4a8(model) else None
-    cost = interpolate_cost(default_verify_cost(model.device.type, kernel_isa=isa))
-    # c from the bytes each forward streams (the draft's over the target's): not timed, so that a seeded run
-    # draws the same tokens every time (measured c, 0.3-0.46 with the packaged pair, was as noisy as the machine)
-    c = weight_bytes_per_token(_module(draft.model)) / max(1, weight_bytes_per_token(_module(model)))
+    c, cost = _prices(target, draft)
     adaptive = AdaptiveGammaProposer(_draft(target, draft, size, options), verify_cost=cost, pause=True,
                                      prior_c=c, measure_c=False)
     return DraftNgramProposer(adaptive, options.ngram_max, min_match=least)
+
+
+def _prices(target: LoadedModel, draft: LoadedModel | None) -> tuple[float, VerifyCost]:
+    """c and the verification-cost curve that price a round before anything is measured: c from the bytes each
+    forward streams (the draft's over the target's), not timed, so that a seeded run draws the same tokens every
+    time (measured c, 0.3-0.46 with the packaged pair, was as noisy as the machine); the curve of this kernel build."""
+    assert draft is not None
+    model = target.model
+    isa = kernel_isa() if _w4a8(model) else None
+    cost = interpolate_cost(default_verify_cost(model.device.type, kernel_isa=isa))
+    return weight_bytes_per_token(_module(draft.model)) / max(1, weight_bytes_per_token(_module(model))), cost
+
+
+def _tree(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
+    """The draft model drafting a token tree, its shape planned per round from the row's acceptance by rank."""
+    _native(target, "tree")  # the target verifies the tree under a tree mask
+    assert draft is not None
+    if not isinstance(draft.model, LlamaModel):
+        raise ValueError(f"strategy 'tree' needs a native Llama-family draft; {draft.name} runs through "
+                         f"{type(draft.model).__name__}")
+    c, cost = _prices(target, draft)
+    return TreeDraftProposer(draft.model, size.max_len, vocab_size=target.model.vocab_size, rows=size.rows,
+                             max_gamma=size.max_gamma, c=c, verify_cost=cost)
 
 
 def _module(model: object) -> torch.nn.Module:
@@ -152,6 +170,9 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("draft+ngram", True, "prompt lookup when the suffix matches, else the draft model", _draft_ngram),
         Strategy("auto", True, "prompt lookup when the suffix matches, else the draft model with its length chosen "
                  "per round (--gamma caps it; 0, a plain step, where drafting does not pay)", _auto),
+        Strategy("tree", True, "the draft model drafting a token tree of up to --gamma nodes, its shape planned per "
+                 "round from the measured acceptance of the draft's 1st, 2nd, .. choices and this CPU's "
+                 "verification costs", _tree),
     ]
 }
 

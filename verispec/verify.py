@@ -17,6 +17,16 @@ with x removed, which is exactly what the same formula gives.
 Worked example, gamma = 3, drafts (a, b, c): the target forward sees [last, a, b, c] and returns
 p_0 .. p_3 (p_i is the distribution of the token *after* input i). If a and b are accepted and c rejected,
 num_accepted = 2 and tokens = (a, b, r, *) with r ~ normalize(max(0, p_2 - q_2)); the round emits 3 tokens.
+
+Trees (SpecInfer's multi-step speculative sampling; recursive rejection sampling): a proposal may be a tree of
+nodes, node i with token x_i, parent parents[i] (-1: the pending token) and q_i, the distribution x_i was drawn
+from given its parent *and its earlier siblings* (the same q for children drawn i.i.d.; q with the earlier
+siblings removed and renormalised for children drawn without replacement; one-hot for a deterministic child).
+From the root, the children of the current node are tried in order: child x is accepted with probability
+min(1, p(x) / q(x)); on rejection p <- normalize(max(0, p - q)) and the next sibling is tried. Accepting moves
+to that child and its p; when every child is rejected (or there is none) one token is drawn from the current p.
+Each step emits a token distributed exactly as the target's p at that node, whatever the tree's shape, as long
+as the shape does not depend on the draws being verified.
 """
 
 from __future__ import annotations
@@ -86,25 +96,109 @@ def verify_greedy(draft: Tensor, target_argmax: Tensor) -> Verified:
     return Verified(num_accepted=num_accepted, tokens=target_argmax.clone())
 
 
+def children_of(parents: list[int]) -> dict[int, list[int]]:
+    """Node -> its children in order (-1: the root's); parents[i] < i."""
+    out: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"node {i} has parent {parent}: a parent must come before its children")
+        out.setdefault(parent, []).append(i)
+    return out
+
+
+def verify_tree(tokens: list[int], parents: list[int], p: Tensor, q: Tensor | None,
+                generator: torch.Generator | None) -> tuple[list[int], int]:
+    """Stochastic tree verification for one sequence (rule in the module docstring).
+
+    tokens, parents: the N nodes (parents[i] < i; -1 is the pending token); p [N + 1, V]: the target's probs after
+    the pending token (row 0) and after node i (row i + 1); q [N, V] (None: every node deterministic, one-hot q).
+    Returns (path, token): the accepted nodes, root first, and the recovered/bonus token drawn at the last one.
+
+    Worked example: children a, b of the root (i.i.d. from q), c below a. If a is rejected, b is tried against
+    r = normalize(max(0, p_0 - q_a)); if b is accepted, b has no children, so the token is drawn from p_2 (after b):
+    path [1], token ~ p[2].
+    """
+    kids = children_of(parents)
+    node, path = -1, []
+    cur = p[0]
+    while True:
+        for child in kids.get(node, []):
+            x = tokens[child]
+            qx = q[child, x] if q is not None else 1.0  # a deterministic child has one-hot q
+            u = torch.rand((), generator=generator, device=cur.device)
+            if u * qx < cur[x]:  # accept with probability min(1, p(x) / q(x))
+                path.append(child)
+                node, cur = child, p[child + 1]
+                break
+            if q is not None:
+                residual = (cur - q[child]).clamp_min(0.0)
+            else:
+                residual = cur.clone()
+                residual[x] = 0.0
+            mass = residual.sum()
+            # mass 0 only by rounding (a rejection implies p > q somewhere): keep p as it was
+            cur = residual / mass if mass > 0 else cur
+        else:
+            return path, int(torch.multinomial(cur, 1, generator=generator))
+
+
+def verify_tree_greedy(tokens: list[int], parents: list[int], target_argmax: list[int]) -> tuple[list[int], int]:
+    """Greedy tree verification: from the root, follow the child whose token is the target's argmax at the current
+    node; stop where none is. target_argmax [N + 1] as p's rows in verify_tree. Returns (path, token)."""
+    kids = children_of(parents)
+    node, path = -1, []
+    while True:
+        want = target_argmax[node + 1]
+        nxt = next((c for c in kids.get(node, []) if tokens[c] == want), None)
+        if nxt is None:
+            return path, want
+        path.append(nxt)
+        node = nxt
+
+
 ChainVerifier = Callable[[Tensor, Tensor, Tensor, "torch.Generator | None"], Verified]
+TreeVerifier = Callable[[list[int], list[int], Tensor, "Tensor | None", "torch.Generator | None"], tuple[list[int], int]]
+
+
+@dataclass(frozen=True)
+class RowVerified:
+    """One row's round: `path` the accepted proposal indices in order (0 .. n-1 for a chain), `emitted` their tokens
+    and then the recovered/bonus token."""
+
+    path: list[int]
+    emitted: list[int]
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.path)
 
 
 def verify(drafts: list[Tensor], logits: list[Tensor], qs: list[Tensor | None], sampling: list[SamplingParams],
-           generators: list[torch.Generator], chain: ChainVerifier = verify_chain) -> Verified:
+           generators: list[torch.Generator], chain: ChainVerifier = verify_chain, *,
+           parents: list[Tensor | None] | None = None, tree: TreeVerifier = verify_tree) -> list[RowVerified]:
     """Every row of a round in one call: the entry point the round uses.
 
     Row b proposed drafts[b] [g_b] (g_b may be 0) with proposal probs qs[b] [g_b, V] (None: a deterministic
     proposal, verified against one-hot q); logits[b] [g_b + 1, V] are the target's at [pending] + drafts[b].
-    Greedy rows follow verify_greedy; the others are processed with their own SamplingParams and verified by
-    `chain` (verify_chain; tests pass broken variants) drawing from their own generator, so a row's randomness
-    never depends on the rows beside it. Returns num_accepted [B] and tokens [B, max g_b + 1] (row b emits
-    tokens[b, : num_accepted[b] + 1]).
+    parents[b], where given, makes row b's drafts a tree (verify_tree's parents); otherwise they are a chain.
+    Greedy rows follow verify_greedy / verify_tree_greedy; the others are processed with their own SamplingParams
+    and verified by `chain` / `tree` (tests pass broken variants) drawing from their own generator, so a row's
+    randomness never depends on the rows beside it.
     """
-    width = 1 + max((int(d.numel()) for d in drafts), default=0)
-    num_accepted, tokens = [], []
-    for draft, lg, q, params, generator in zip(drafts, logits, qs, sampling, generators):
+    out = []
+    for b, (draft, lg, q, params, generator) in enumerate(zip(drafts, logits, qs, sampling, generators)):
         g = draft.numel()
         draft = draft.to(lg.device)
+        par = parents[b] if parents is not None else None
+        if par is not None:
+            toks, par_list = draft.tolist(), par.tolist()
+            if params.greedy:
+                path, extra = verify_tree_greedy(toks, par_list, argmax(lg).tolist())
+            else:
+                path, extra = tree(toks, par_list, logits_to_probs(lg, params),
+                                   None if q is None else q.to(lg.device), generator)
+            out.append(RowVerified(path, [toks[i] for i in path] + [extra]))
+            continue
         if params.greedy:
             row = verify_greedy(draft[None], argmax(lg)[None])
         else:
@@ -112,6 +206,6 @@ def verify(drafts: list[Tensor], logits: list[Tensor], qs: list[Tensor | None], 
             if q is None:  # deterministic proposal: one-hot q (g = 0 gives an empty q)
                 q = torch.zeros(g, p.shape[-1], device=p.device).scatter_(-1, draft[:, None], 1.0)
             row = chain(draft[None], p[None], q.to(p.device)[None], generator)
-        num_accepted.append(row.num_accepted[0])
-        tokens.append(torch.nn.functional.pad(row.tokens[0], (0, width - g - 1)))
-    return Verified(num_accepted=torch.stack(num_accepted), tokens=torch.stack(tokens))
+        n = int(row.num_accepted[0])
+        out.append(RowVerified(list(range(n)), row.tokens[0, : n + 1].tolist()))
+    return out

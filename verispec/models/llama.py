@@ -310,7 +310,8 @@ class LlamaModel(nn.Module):
         """The CausalLM forward, plus three options the proposers need:
 
         positions  [T] offsets from cache.length (default 0..T-1): tokens of parallel branches share positions
-        tree_mask  [T, T] bool, which new tokens each new token sees (default causal); the prefix is always seen
+        tree_mask  [T, K + T] bool, which of the last K cached tokens and of the new tokens each new token sees
+                   (default causal, K = 0); the tokens before those are always seen
         layers     run only the first `layers` blocks, then the final norm and LM head (self-speculation)
         """
         t = tokens.shape[1]
@@ -318,7 +319,7 @@ class LlamaModel(nn.Module):
         pos = slice(start, start + t) if positions is None else (start + positions).to(self.cos.device)
         cos, sin = self.cos[pos].to(self.dtype), self.sin[pos].to(self.dtype)
         if tree_mask is not None:
-            prefix = torch.ones(t, start, dtype=torch.bool, device=tokens.device)
+            prefix = torch.ones(t, start + t - tree_mask.shape[1], dtype=torch.bool, device=tokens.device)
             mask = torch.cat([prefix, tree_mask.to(device=tokens.device, dtype=torch.bool)], dim=1)
         elif t > 1:  # query i (absolute position start + i) sees keys 0 .. start + i
             mask = torch.ones(t, start + t, dtype=torch.bool, device=tokens.device).tril(start)

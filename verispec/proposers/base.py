@@ -48,16 +48,21 @@ class Proposal:
     extra: Tensor | None = None
     extra_positions: Tensor | None = None
     extra_mask: Tensor | None = None
+    # A token tree instead of a chain: parents [gamma'] int, parents[i] < i the node tokens[i] follows (-1: the
+    # pending token), siblings in the order they were drawn; q[i] is what tokens[i] was drawn from given its parent
+    # and its earlier siblings (verispec.verify.verify_tree). The target verifies the whole tree in one forward.
+    parents: Tensor | None = None
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """One row's round: the first num_accepted proposed tokens were kept, and `emitted` (those accepted tokens
-    plus the recovered/bonus one) now follows the sequence."""
+    """One row's round: num_accepted proposed tokens were kept (the first ones of a chain, the nodes `path` of a
+    tree), and `emitted` (those accepted tokens plus the recovered/bonus one) now follows the sequence."""
 
     num_accepted: int
     emitted: list[int]
     extra_logits: Tensor | None = None
+    path: list[int] | None = None  # which proposed tokens were accepted, in order (0 .. n-1 for a chain)
 
 
 @dataclass
