@@ -107,7 +107,7 @@ def test_sampling_matches_exact_law(tiny_target, tiny_draft, temperature, gamma,
 class CheckedAdaptive(AdaptiveGammaProposer):
     """After every round the draft's cache must be a fresh prefill of the text, however short the proposal was."""
 
-    def reset(self, row, prompt, target=None) -> None:
+    def reset(self, row, prompt, target=None, hidden=None) -> None:
         super().reset(row, prompt, target)
         self.text, self.checked, self.short = list(prompt), 0, 0
 

@@ -241,9 +241,10 @@ def test_strategy_flags_are_accepted_by_the_strategies_that_read_them(capsys):
     for flag, (field, readers) in STRATEGY_FLAGS.items():
         for strategy in readers:
             assert strategy in STRATEGIES
-            value = "0.5" if flag == "--draft-confidence" else "2"
+            value = {"--draft-confidence": "0.5", "--drafter": "dir"}.get(flag, "2")
             args = build_parser().parse_args(["generate", "hi", "--strategy", strategy, flag, value])
-            assert getattr(strategy_options(args, [strategy]), field) == float(value)
+            want = value if flag == "--drafter" else float(value)
+            assert getattr(strategy_options(args, [strategy]), field) == want
     args = build_parser().parse_args(["bench", "--strategies", "ar,lookahead", "--window", "3"])
     assert strategy_options(args, ["ar", "lookahead"]).lookahead_window == 3
 

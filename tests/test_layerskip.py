@@ -117,7 +117,7 @@ class CheckedLayerSkip(LayerSkipProposer):
     """Checks every round against fresh prefills: each draft (and its q when sampling) is what the truncated model
     computes on the text so far, and propose() leaves cache.length as it found it."""
 
-    def reset(self, row, prompt, target) -> None:
+    def reset(self, row, prompt, target, hidden=None) -> None:
         super().reset(row, prompt, target)
         self.text = list(prompt)
         self.checked = self.cache_checks = 0

@@ -291,7 +291,7 @@ class CheckedMix(DraftNgramProposer):
     """Checks after every round that the draft's cache is a fresh prefill of the text, and that its greedy drafts
     are the draft model's greedy continuation of the whole text. One sequence, in row 0."""
 
-    def reset(self, row, prompt, target=None) -> None:
+    def reset(self, row, prompt, target=None, hidden=None) -> None:
         super().reset(row, prompt, target)
         self.text, self.checked, self.used_ngram = list(prompt), 0, False
 

@@ -14,6 +14,7 @@ strategies, sampling settings and gammas share rounds, as in the server:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,19 @@ GREEDY = SamplingParams(temperature=0.0)
 T07 = SamplingParams(temperature=0.7)
 ALL = list(strategies.STRATEGIES)
 OPTIONS = strategies.StrategyOptions(layerskip_layers=1, lookahead_window=3)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _eagle_drafter(wide_target, tmp_path_factory):
+    """OPTIONS name an EAGLE drafter for wide_target (untrained: these tests are about the round, not acceptance)."""
+    global OPTIONS
+    from verispec.models.eagle import EagleConfig, EagleDrafter
+
+    path = tmp_path_factory.mktemp("eagle")
+    EagleDrafter.fresh(EagleConfig.for_target(wide_target, "wide"), wide_target, wide_target.lm_head.weight).save(path)
+    before, OPTIONS = OPTIONS, dataclasses.replace(OPTIONS, drafter=str(path))
+    yield
+    OPTIONS = before
 
 
 def loaded(model, name: str) -> LoadedModel:

@@ -28,6 +28,7 @@ from verispec.models.load import load
 from verispec.proposers.base import Outcome
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.sampling import SamplingParams
+from verispec.strategies import StrategyOptions
 
 uvicorn = pytest.importorskip("uvicorn")
 from verispec.server import Models, ServerSettings, create_app  # noqa: E402
@@ -285,19 +286,32 @@ def test_draft_per_request_gives_the_same_greedy_output(models):
     assert all(outs[p] == reference(models, tok.encode(p), 30) for p in PROMPTS)
 
 
-def strategy_reference(models: Models, strategy: str, prompt: list[int], max_tokens: int, gamma: int) -> list[int]:
+@pytest.fixture(scope="module")
+def eagle_options(models, tmp_path_factory) -> StrategyOptions:
+    """An EAGLE drafter directory for the tiny target (untrained: the server runs the strategy; its acceptance is
+    tests/test_eagle.py's business)."""
+    from verispec.models.eagle import EagleConfig, EagleDrafter
+
+    path = tmp_path_factory.mktemp("eagle")
+    m = models.target.model
+    EagleDrafter.fresh(EagleConfig.for_target(m, "tiny"), m, m.lm_head.weight).save(path)
+    return StrategyOptions(drafter=str(path))
+
+
+def strategy_reference(models: Models, strategy: str, prompt: list[int], max_tokens: int, gamma: int,
+                       options: StrategyOptions = StrategyOptions()) -> list[int]:
     """What `verispec generate --strategy S` produces for a request alone."""
     from verispec.strategies import make_proposer
 
     t = models.target
     params = GenerationParams(max_new_tokens=max_tokens, gamma=gamma, sampling=SamplingParams(),
                               eos_ids=t.tokenizer.eos_ids)
-    proposer = make_proposer(strategy, t, models.draft, len(prompt) + max_tokens + gamma + 2)
+    proposer = make_proposer(strategy, t, models.draft, len(prompt) + max_tokens + gamma + 2, options)
     return generate(t.model, prompt, params, proposer).token_ids
 
 
 @pytest.mark.parametrize("clients", [1, 4, 8])
-def test_every_strategy_in_one_batch_equals_generate(models, clients):
+def test_every_strategy_in_one_batch_equals_generate(models, clients, eagle_options):
     """Concurrent greedy requests of different lengths, each naming its strategy (the `strategy` extension), share
     the server's rounds; each one's tokens are what generate gives it alone, for every strategy."""
     from verispec.strategies import STRATEGIES
@@ -306,9 +320,9 @@ def test_every_strategy_in_one_batch_equals_generate(models, clients):
     tok = models.target.tokenizer
     texts = _prompts(tok, 2 * len(names), seed=clients)
     jobs = [(texts[i], names[i % len(names)], 12 + 4 * (i % 4)) for i in range(len(texts))]
-    expected = [strategy_reference(models, s, tok.encode(t), n, GAMMA) for t, s, n in jobs]
+    expected = [strategy_reference(models, s, tok.encode(t), n, GAMMA, eagle_options) for t, s, n in jobs]
     got: dict[int, dict] = {}
-    app = create_app(settings(speculate_max_batch=8), models=models)
+    app = create_app(settings(speculate_max_batch=8, options=eagle_options), models=models)
     with live(app) as base:
         def client(k: int) -> None:
             with httpx.Client(base_url=base, timeout=120) as c:

@@ -20,7 +20,7 @@ tokens each one sees (lookahead's window, token trees); the committed prefix is 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -70,8 +70,11 @@ class Rows(Protocol):
 
     def length(self, r: int) -> int: ...
     def forward(self, rows: list[int], chains: list[list[int]], *, last_only: bool = False,
-                layers: int | None = None, trees: list[Tree | None] | None = None) -> list[Tensor]:
-        """Logits per row: [len(chains[b]), V], or [1, V] of the last token with last_only."""
+                layers: int | None = None, trees: list[Tree | None] | None = None,
+                features: list[Tensor] | None = None, hidden: bool = False) -> Any:
+        """Logits per row: [len(chains[b]), V], or [1, V] of the last token with last_only. features[b]
+        [len(chains[b]), F]: inputs beside the tokens (a feature-level drafter). hidden: return (logits, hidden
+        states) with each row's last-block outputs [len(chains[b]), H] (every position, also with last_only)."""
     def commit(self, r: int, n: int) -> None: ...
     def commit_path(self, r: int, offsets: list[int]) -> None:
         """Commit the slots the last forward wrote at offsets (a tree's accepted path), compacted; see
@@ -88,12 +91,15 @@ def make_rows(model: CausalLM, rows: int, max_len: int, slack: int) -> Rows:
     return LoopRows(model, rows, max_len, slack)
 
 
-def prefill(target: Rows, r: int, tokens: list[int]) -> None:
-    """Write and commit `tokens` into the empty row r (a prompt but its last token)."""
+def prefill(target: Rows, r: int, tokens: list[int]) -> Tensor | None:
+    """Write and commit `tokens` into the empty row r (a prompt but its last token). Returns the last block's
+    outputs there [len(tokens), H] (None where the model gives none, or no tokens)."""
     target.free(r)
-    if tokens:
-        target.forward([r], [tokens], last_only=True)
-        target.commit(r, len(tokens))
+    if not tokens:
+        return None
+    _, states = target.forward([r], [tokens], last_only=True, hidden=True)
+    target.commit(r, len(tokens))
+    return states[0]
 
 
 class NativeRows:
@@ -106,14 +112,18 @@ class NativeRows:
         return self.cache.lengths[r]
 
     def forward(self, rows: list[int], chains: list[list[int]], *, last_only: bool = False,
-                layers: int | None = None, trees: list[Tree | None] | None = None) -> list[Tensor]:
+                layers: int | None = None, trees: list[Tree | None] | None = None,
+                features: list[Tensor] | None = None, hidden: bool = False) -> Any:
         if len(rows) > 1:
-            return forward_rows(self.model, chains, self.cache, rows, last_only=last_only, layers=layers, trees=trees)
+            return forward_rows(self.model, chains, self.cache, rows, last_only=last_only, layers=layers, trees=trees,
+                                features=features, hidden=hidden)
         tree = trees[0] if trees else None
         x = torch.tensor([chains[0]], dtype=torch.long, device=self.model.device)
-        return [self.model.forward(x, self.cache.row(rows[0]), last_n=1 if last_only else None, layers=layers,
-                                   positions=None if tree is None else tree.positions,
-                                   tree_mask=None if tree is None else tree.mask)[0]]
+        out = self.model.forward(x, self.cache.row(rows[0]), last_n=1 if last_only else None, layers=layers,
+                                 positions=None if tree is None else tree.positions,
+                                 tree_mask=None if tree is None else tree.mask,
+                                 features=None if features is None else features[0][None], hidden=hidden)
+        return ([out[0][0]], [out[1][0]]) if hidden else [out[0]]
 
     def commit(self, r: int, n: int) -> None:
         self.cache.commit(r, n)
@@ -143,15 +153,16 @@ class LoopRows:
         return self.caches[r].length
 
     def forward(self, rows: list[int], chains: list[list[int]], *, last_only: bool = False,
-                layers: int | None = None, trees: list[Tree | None] | None = None) -> list[Tensor]:
-        if layers is not None or (trees and any(t is not None for t in trees)):
-            raise ValueError(f"{type(self.model).__name__} runs neither layer ranges nor token trees: "
+                layers: int | None = None, trees: list[Tree | None] | None = None,
+                features: list[Tensor] | None = None, hidden: bool = False) -> Any:
+        if layers is not None or (trees and any(t is not None for t in trees)) or features is not None:
+            raise ValueError(f"{type(self.model).__name__} runs neither layer ranges, token trees nor input features: "
                              "those strategies need the native Llama-family model")
         out = []
         for r, chain in zip(rows, chains):
             x = torch.tensor([chain], dtype=torch.long, device=self.model.device)
             out.append(self.model.forward(x, self.caches[r], last_n=1 if last_only else None)[0])
-        return out
+        return (out, [None] * len(out)) if hidden else out  # this model gives no hidden states
 
     def commit(self, r: int, n: int) -> None:
         if self.caches[r].length + n > self.max_len:
@@ -186,7 +197,8 @@ def pad_rows(chains: list[list[int]], pad: int = 0) -> tuple[Tensor, list[int]]:
 @torch.inference_mode()
 def forward_rows(model: LlamaModel, chains: list[list[int]], cache: BatchKVCache,
                  rows: list[int] | None = None, *, last_only: bool = False, layers: int | None = None,
-                 trees: list[Tree | None] | None = None) -> list[Tensor]:
+                 trees: list[Tree | None] | None = None, features: list[Tensor] | None = None,
+                 hidden: bool = False) -> Any:
     """One forward over `rows` of `cache` (default 0 .. n-1), row rows[b] feeding chains[b] (each non-empty).
 
     Returns per row the logits [len(chains[b]), V] of its real tokens ([1, V] of the last with `last_only`: a
@@ -225,11 +237,18 @@ def forward_rows(model: LlamaModel, chains: list[list[int]], cache: BatchKVCache
     view = cache.rows_view(rows, slots, read)
     # each query attended as a lone sequence's forward attends it (models.llama.attention)
     attend = attention(mask[:, None].to(device), n, model.attention_dtype, device)  # mask [n, 1, T, S]
-    x = model.embed_tokens(tokens)
+    feats = None
+    if features is not None:  # right-padded like the tokens
+        feats = torch.zeros(n, t, features[0].shape[-1], dtype=features[0].dtype, device=device)
+        for b, f in enumerate(features):
+            feats[b, : f.shape[0]] = f
+    x = model.inputs(tokens, feats)
     for i, layer in enumerate(model.layers[: len(model.layers) if layers is None else layers]):
         x = layer(x, i, view, cos, sin, attend)
+    states = [x[b, : lens[b]] for b in range(n)]
     if last_only:
         x = x[torch.arange(n, device=device), torch.tensor(lens, device=device) - 1][:, None]  # [n, 1, H]
         lens = [1] * n
     logits = model.lm_head(model.norm(x))  # [n, T or 1, V]
-    return [logits[b, : lens[b]] for b in range(n)]
+    out = [logits[b, : lens[b]] for b in range(n)]
+    return (out, states) if hidden else out

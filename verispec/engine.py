@@ -184,7 +184,7 @@ class Batch:
         result = result if result is not None else Generation()
         result.metrics = metrics
         t0 = time.perf_counter()
-        prefill(self.target, row, prompt[:-1])
+        hidden = prefill(self.target, row, prompt[:-1])
         metrics.prefill_seconds = time.perf_counter() - t0
         seq = Sequence(prompt=prompt, params=params, proposer=proposer, stop_fn=stop_fn,
                        generator=make_generator(params.seed, self.target.model.device), result=result,
@@ -193,7 +193,7 @@ class Batch:
         if proposer is not None:
             t0 = time.perf_counter()
             try:
-                proposer.reset(row, prompt, self.target)  # a draft model prefills here
+                proposer.reset(row, prompt, self.target, hidden)  # a draft model prefills here
             except Exception as e:  # noqa: BLE001 - the row goes on target-only
                 self._fall_back(seq, row, e)
             metrics.proposer_prefill_seconds = time.perf_counter() - t0
@@ -273,7 +273,9 @@ class Batch:
             chains.append(chain)
             trees.append(tree)
         t0 = time.perf_counter()
-        logits = target.forward(list(range(len(seqs))), chains, trees=trees if any(trees) else None)
+        # (the last block's outputs come free with the logits: a feature-level drafter reads the accepted ones)
+        logits, states = target.forward(list(range(len(seqs))), chains, trees=trees if any(trees) else None,
+                                        hidden=True)
         if target.model.device.type == "cuda":
             torch.cuda.synchronize(target.model.device)
         share = (time.perf_counter() - t0) / len(seqs)
@@ -304,14 +306,16 @@ class Batch:
             n, emitted = v.num_accepted, v.emitted
             # pending + the accepted drafts (a tree's path, moved next to each other); the recovered/bonus token is
             # the new pending
+            kept = [0] + [1 + node for node in v.path]  # forward positions of pending and the accepted drafts
             if parents[i] is not None:
-                target.commit_path(i, [0] + [1 + node for node in v.path])
+                target.commit_path(i, kept)
             else:
                 target.commit(i, n + 1)
             s.pending = emitted[-1]
             if s.proposer is not None:
+                hidden = states[i][kept] if states[i] is not None else None
                 try:
-                    s.proposer.observe(i, Outcome(n, emitted, extra_logits[i], v.path))
+                    s.proposer.observe(i, Outcome(n, emitted, extra_logits[i], v.path, hidden))
                 except Exception as e:  # noqa: BLE001 - the row goes on target-only
                     self._fall_back(s, i, e)
             new, reason = apply_stops(s.out, emitted, s.params, s.stop_fn)

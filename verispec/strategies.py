@@ -22,6 +22,7 @@ from verispec.models.quant import W4A8Linear
 from verispec.proposers.adaptive import AdaptiveGammaProposer
 from verispec.proposers.base import PerRow, Proposer
 from verispec.proposers.draft_model import DraftModelProposer
+from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.layerskip import LayerSkipProposer, load_calibration, model_id
 from verispec.proposers.lookahead import LookaheadProposer
 from verispec.proposers.mix import DraftNgramProposer
@@ -43,6 +44,7 @@ class StrategyOptions:
     lookahead_ngram: int = 3  # N: n-gram size (window levels + 1)
     lookahead_candidates: int = 5  # G: pool continuations kept per first token
     draft_confidence: float | None = None  # stop drafting below this draft probability; None: the strategy's default
+    drafter: str | None = None  # eagle: a drafter directory (`verispec train-drafter`)
 
 
 ADAPTIVE_CONFIDENCE = 0.3  # adaptive's default confidence stop
@@ -125,6 +127,17 @@ def _auto(target: LoadedModel, draft: LoadedModel | None, size: Size, options: S
     return DraftNgramProposer(adaptive, options.ngram_max, min_match=least)
 
 
+def _eagle(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
+    """The EAGLE drafter of --drafter over the target's own features; on the target's kernel where it runs one."""
+    from verispec.models.eagle import load_drafter
+
+    model = _native(target, "eagle")
+    if options.drafter is None:
+        raise ValueError("strategy 'eagle' needs --drafter DIR (make one with `verispec train-drafter --kind eagle`)")
+    drafter = load_drafter(options.drafter, model, quantize_kind="w4a8-4bit" if _w4a8(model) else None)
+    return EagleProposer(drafter, size.max_len, model.vocab_size, rows=size.rows, max_gamma=size.max_gamma)
+
+
 def _prices(target: LoadedModel, draft: LoadedModel | None) -> tuple[float, VerifyCost]:
     """c and the verification-cost curve that price a round before anything is measured: c from the bytes each
     forward streams (the draft's over the target's), not timed, so that a seeded run draws the same tokens every
@@ -136,7 +149,7 @@ def _prices(target: LoadedModel, draft: LoadedModel | None) -> tuple[float, Veri
     return weight_bytes_per_token(_module(draft.model)) / max(1, weight_bytes_per_token(_module(model))), cost
 
 
-def _tree(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
+def _tree(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> TreeDraftProposer:
     """The draft model drafting a token tree, its shape planned per round from the row's acceptance by rank."""
     _native(target, "tree")  # the target verifies the tree under a tree mask
     assert draft is not None
@@ -173,6 +186,8 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("tree", True, "the draft model drafting a token tree of up to --gamma nodes, its shape planned per "
                  "round from the measured acceptance of the draft's 1st, 2nd, .. choices and this CPU's "
                  "verification costs", _tree),
+        Strategy("eagle", False, "an EAGLE feature-level drafter trained for the target (--drafter DIR): one layer "
+                 "over the target's own features, no draft model", _eagle),
     ]
 }
 

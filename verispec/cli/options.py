@@ -31,6 +31,7 @@ STRATEGY_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "--window": ("lookahead_window", ("lookahead",)),
     "--lookahead-ngram": ("lookahead_ngram", ("lookahead",)),
     "--lookahead-candidates": ("lookahead_candidates", ("lookahead",)),
+    "--drafter": ("drafter", ("eagle",)),
 }
 
 
@@ -143,6 +144,8 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                    help=f"lookahead: n-gram size N, window levels + 1 (default: {d.lookahead_ngram})")
     p.add_argument("--lookahead-candidates", type=int, default=None,
                    help=f"lookahead: pool n-grams kept per first token, G (default: {d.lookahead_candidates})")
+    p.add_argument("--drafter", default=None, metavar="DIR",
+                   help="eagle: the drafter directory `verispec train-drafter --kind eagle` wrote for this target")
 
 
 def _names(strategies: tuple[str, ...] | list[str]) -> str:
@@ -168,6 +171,8 @@ def strategy_options(args: argparse.Namespace, strategies: list[str]) -> Strateg
         fail(f"--layers must be at least 1, got {options.layerskip_layers}")
     if options.lookahead_window < 1 or options.lookahead_ngram < 2 or options.lookahead_candidates < 1:
         fail("need --window >= 1, --lookahead-ngram >= 2 and --lookahead-candidates >= 1")
+    if "eagle" in strategies and options.drafter is None:
+        fail("--strategy eagle needs --drafter DIR (make one with `verispec train-drafter --kind eagle`)")
     if options.draft_confidence is not None and not 0 <= options.draft_confidence <= 1:
         fail(f"--draft-confidence must be in [0, 1], got {options.draft_confidence}")
     return options

@@ -188,9 +188,10 @@ class Block(nn.Module):
         self.w4a8 = False
         self._ops: tuple[tuple[Tensor, ...], ...] | None = None  # _operands()
 
-    def forward(self, x: Tensor, layer: int, cache: KVCache, cos: Tensor, sin: Tensor, attend: Attend) -> Tensor:
+    def forward(self, x: Tensor, layer: int, cache: KVCache | None, cos: Tensor, sin: Tensor,
+                attend: Attend) -> Tensor:
         """attend: how this forward attends (`attention`), the same for every layer."""
-        if self.w4a8 and x.dtype == torch.float32:
+        if self.w4a8 and x.dtype == torch.float32 and cache is not None:
             from verispec.models.kernels import layer_kernel
 
             kernel = layer_kernel()
@@ -202,7 +203,8 @@ class Block(nn.Module):
         q = apply_rope(q.view(batch, t, self.n_heads, self.hd).transpose(1, 2), cos, sin)  # [B, H, T, D]
         k = apply_rope(k.view(batch, t, self.n_kv, self.hd).transpose(1, 2), cos, sin)
         v = v.view(batch, t, self.n_kv, self.hd).transpose(1, 2)
-        k_all, v_all = cache.write(layer, k, v)  # [B, KV, length + T, D], in the cache's dtype (attention_dtype)
+        # [B, KV, length + T, D], in the cache's dtype (attention_dtype); no cache: training (EAGLE's drafter)
+        k_all, v_all = (k, v) if cache is None else cache.write(layer, k, v)
         attn = attend(q.to(k_all.dtype), k_all, v_all)
         x = x + self.wo(attn.to(x.dtype).transpose(1, 2).reshape(batch, t, -1))
         gate, up = self.w13(self.ffn_norm(x)).chunk(2, dim=-1)
@@ -306,13 +308,18 @@ class LlamaModel(nn.Module):
         positions: Tensor | None = None,
         tree_mask: Tensor | None = None,
         layers: int | None = None,
-    ) -> Tensor:
-        """The CausalLM forward, plus three options the proposers need:
+        features: Tensor | None = None,
+        hidden: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """The CausalLM forward, plus the options the proposers need:
 
         positions  [T] offsets from cache.length (default 0..T-1): tokens of parallel branches share positions
         tree_mask  [T, K + T] bool, which of the last K cached tokens and of the new tokens each new token sees
                    (default causal, K = 0); the tokens before those are always seen
         layers     run only the first `layers` blocks, then the final norm and LM head (self-speculation)
+        features   [B, T, F] per-token inputs beside the tokens, for models whose `inputs` reads them (EAGLE)
+        hidden     also return the last block's output [B, T, H] (all T positions, before the final norm): the
+                   features a feature-level drafter reads; computed anyway, so free
         """
         t = tokens.shape[1]
         start = cache.length
@@ -326,12 +333,18 @@ class LlamaModel(nn.Module):
         else:  # a single token sees everything
             mask = None
         attend = attention(mask, tokens.shape[0], self.attention_dtype, self.device)
-        x = self.embed_tokens(tokens)
+        x = self.inputs(tokens, features)
         for i, layer in enumerate(self.layers[: len(self.layers) if layers is None else layers]):
             x = layer(x, i, cache, cos, sin, attend)
-        if last_n is not None:
-            x = x[:, -last_n:]
-        return self.lm_head(self.norm(x))
+        logits = self.lm_head(self.norm(x if last_n is None else x[:, -last_n:]))
+        return (logits, x) if hidden else logits
+
+    def inputs(self, tokens: Tensor, features: Tensor | None) -> Tensor:
+        """The first block's input [B, T, H]: the token embeddings (a drafter that also reads features overrides
+        this)."""
+        if features is not None:
+            raise ValueError(f"{type(self).__name__} takes no input features")
+        return self.embed_tokens(tokens)
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod

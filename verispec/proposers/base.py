@@ -3,8 +3,10 @@
 The round (verispec.engine.Batch.round) addresses sequences by their row in the target's cache. A proposer
 serves any number of rows at once:
 
-    reset(row, prompt, target)       a sequence starts in `row`; the target cache row holds the prompt but its
-                                     last token (a self-speculating proposer drafts in it; others ignore it)
+    reset(row, prompt, target, hidden)  a sequence starts in `row`; the target cache row holds the prompt but its
+                                     last token (a self-speculating proposer drafts in it; others ignore it);
+                                     hidden [len(prompt) - 1, H]: the target's last-block outputs there (a
+                                     feature-level drafter reads them; None where the target gives none)
     propose(rows, gammas, ...)       up to gammas[i] tokens for each of `rows`, in as few forwards as it can
     observe(row, outcome)            the round's outcome for one row
     move(src, dst) / free(row)       the round keeps live rows packed at 0 .. n-1
@@ -63,6 +65,7 @@ class Outcome:
     emitted: list[int]
     extra_logits: Tensor | None = None
     path: list[int] | None = None  # which proposed tokens were accepted, in order (0 .. n-1 for a chain)
+    hidden: Tensor | None = None  # [num_accepted + 1, H] the target's last-block outputs at pending + accepted
 
 
 @dataclass
@@ -72,7 +75,7 @@ class ProposerStats:
 
 
 class Proposer(Protocol):
-    def reset(self, row: int, prompt: list[int], target: "Rows") -> None: ...
+    def reset(self, row: int, prompt: list[int], target: "Rows", hidden: Tensor | None = None) -> None: ...
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
                 generators: list[torch.Generator]) -> list[Proposal]: ...
@@ -112,7 +115,7 @@ class PerRow:
         self.factory = factory
         self.by_row: dict[int, SequenceProposer] = {}
 
-    def reset(self, row: int, prompt: list[int], target: "Rows") -> None:
+    def reset(self, row: int, prompt: list[int], target: "Rows", hidden: Tensor | None = None) -> None:
         proposer = self.factory()
         proposer.reset(prompt)
         self.by_row[row] = proposer

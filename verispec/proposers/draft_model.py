@@ -37,26 +37,34 @@ class Drafted:
 
 def draft_steps(model: Rows, rows: list[int], feeds: list[list[int]], gammas: list[int],
                 sampling: list[SamplingParams], generators: list[torch.Generator], stats: dict[int, ProposerStats],
-                *, vocab_size: int, confidence: float = 0.0, layers: int | None = None) -> Drafted:
+                *, vocab_size: int, confidence: float = 0.0, layers: int | None = None,
+                features: list[Tensor] | None = None) -> Drafted:
     """Draft up to gammas[i] tokens for rows[i], whose next input is feeds[i] (its pending tokens).
 
     Each step runs every row still drafting in one forward and commits what it fed provisionally, so the next
     step sees it; on return every row's committed length is what it was on entry. A row stops early after a
     token the draft gave less than `confidence` (the proposal's length then depends on the draft alone, so the
     output distribution is untouched). stats[row] receives forwards and a share of each step's seconds.
+    features[i] [len(feeds[i]), F]: the feeds' input features, for a feature-level drafter (EAGLE), which then
+    feeds each drafted token with its own last output as the feature.
     """
     base = [model.length(r) for r in rows]
     tokens: list[list[int]] = [[] for _ in rows]
     qs: list[list[Tensor]] = [[] for _ in rows]
     feed = list(feeds)
+    feat = list(features) if features is not None else None
     live = [i for i, g in enumerate(gammas) if g > 0]
     try:
         while live:
             t0 = time.perf_counter()
-            logits = model.forward([rows[i] for i in live], [feed[i] for i in live], last_only=True, layers=layers)
+            out = model.forward([rows[i] for i in live], [feed[i] for i in live], last_only=True, layers=layers,
+                                features=None if feat is None else [feat[i] for i in live], hidden=feat is not None)
+            logits, states = out if feat is not None else (out, None)
             still = []
             for j, i in enumerate(live):
                 model.commit(rows[i], len(feed[i]))  # provisional; rolled back below
+                if states is not None:
+                    feat[i] = states[j][-1:]  # the drafter's predicted feature: the next step's input
                 last = to_vocab(logits[j][-1], vocab_size)  # [V]
                 if sampling[i].greedy:
                     token = int(argmax(last))
@@ -108,7 +116,7 @@ class DraftModelProposer:
         self.fed: dict[int, int] = {}  # slots written past the committed length in the row's current round
         self._stats: dict[int, ProposerStats] = {}
 
-    def reset(self, row: int, prompt: list[int], target: Rows | None = None) -> None:
+    def reset(self, row: int, prompt: list[int], target: Rows | None = None, hidden: Tensor | None = None) -> None:
         prefill(self.cache, row, prompt[:-1])
         self.pending[row], self.fed[row] = prompt[-1:], 0
         self._stats[row] = ProposerStats()  # count drafting only, not the prefill

@@ -63,7 +63,7 @@ class LayerSkipProposer:
         self.pending: dict[int, int] = {}
         self._stats: dict[int, ProposerStats] = {}
 
-    def reset(self, row: int, prompt: list[int], target: Rows) -> None:
+    def reset(self, row: int, prompt: list[int], target: Rows, hidden: torch.Tensor | None = None) -> None:
         if target.model is not self.model:
             raise ValueError("layer-skip drafts in the target's own cache: reset it with the target's rows")
         assert target.length(row) == len(prompt) - 1, "the target cache must hold the prompt but its last token"

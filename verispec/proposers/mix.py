@@ -28,8 +28,9 @@ class DraftNgramProposer:
         self.ngrams: dict[int, NgramProposer] = {}
         self.ngram_rounds = 0  # rounds (of any row) drafted by the n-gram lookup (for tests and curiosity)
 
-    def reset(self, row: int, prompt: list[int], target: Rows | None = None) -> None:
-        self.draft.reset(row, prompt, target)
+    def reset(self, row: int, prompt: list[int], target: Rows | None = None,
+              hidden: torch.Tensor | None = None) -> None:
+        self.draft.reset(row, prompt, target, hidden)
         self.ngrams[row] = NgramProposer(self.ngram_max, self.min_match)
         self.ngrams[row].reset(prompt)
 

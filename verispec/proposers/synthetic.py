@@ -37,9 +37,9 @@ class SyntheticProposer:
         self.rng = random.Random(seed)  # its own stream: never touches the request's generator
         self.done: dict[int, int] = {}  # reference tokens already emitted, per row
 
-    def reset(self, row: int, prompt: list[int], target: Rows) -> None:
+    def reset(self, row: int, prompt: list[int], target: Rows, hidden: torch.Tensor | None = None) -> None:
         if self.inner is not None:
-            self.inner.reset(row, prompt, target)
+            self.inner.reset(row, prompt, target, hidden)
         self.done[row] = 0
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],

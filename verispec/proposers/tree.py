@@ -59,6 +59,9 @@ class RowTree:
     hits: list[float]
     chances: list[float]
     shape: TreeShape | None = None
+    paused: int = 0  # rounds in a row decoded plainly because no tree paid
+    wait: int = 0  # paused rounds before the next 1-node probe (doubled after each rejected probe)
+    probing: bool = False
     nodes: int = 0  # nodes actually drawn (a sampled node may get fewer children than its shape asks)
     parents: list[int] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)
@@ -69,14 +72,20 @@ class TreeDraftProposer:
     """A draft model drafting token trees for `rows` sequences (see the module docstring).
 
     gamma is the tree's node budget: the verification forward runs gamma + 1 tokens at most. rank_accept seeds the
-    per-rank acceptance each row then measures (prior_weight rounds' worth); verify_cost and c price a tree.
+    per-rank acceptance each row then measures (prior_weight rounds' worth, forgotten by `decay` a round, as text
+    turns from code to prose); verify_cost and c price a tree. pause: where no tree is predicted to beat a plain
+    step, the row decodes plainly, with a 1-node probe after probe_every such rounds (the wait doubles after a
+    rejected probe, up to 8x), as AdaptiveGammaProposer does for chains.
     """
 
     def __init__(self, model: CausalLM, max_len: int, vocab_size: int | None = None, *, rows: int = 1,
                  max_gamma: int = 16, c: float = 0.25, verify_cost: VerifyCost = flat_cost,
-                 rank_accept: tuple[float, ...] = PRIOR_RANK_ACCEPT, prior_weight: float = 4.0,
-                 shape: TreeShape | None = None) -> None:
+                 rank_accept: tuple[float, ...] = PRIOR_RANK_ACCEPT, prior_weight: float = 4.0, decay: float = 0.9,
+                 shape: TreeShape | None = None, pause: bool = False, probe_every: int = 4) -> None:
         """shape: a fixed tree for every round (tests, benchmarks) instead of one planned per round."""
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        self.decay, self.pause, self.probe_every = decay, pause, probe_every
         self.model = model
         self.vocab_size = vocab_size or model.vocab_size
         self.cache: Rows = make_rows(model, rows, max_len, slack=max_gamma + 2)
@@ -90,22 +99,34 @@ class TreeDraftProposer:
         t = self.rows[row]
         return [h / n for h, n in zip(t.hits, t.chances)]
 
-    def reset(self, row: int, prompt: list[int], target: Rows | None = None) -> None:
+    def reset(self, row: int, prompt: list[int], target: Rows | None = None, hidden: Tensor | None = None) -> None:
         prefill(self.cache, row, prompt[:-1])
         self.rows[row] = RowTree(prompt[-1:], list(self.prior[0]), list(self.prior[1]))
         self._stats[row] = ProposerStats()
 
     def shape_for(self, row: int, budget: int) -> TreeShape:
+        """This round's tree: the planned one, or none (a plain step) where pausing pays."""
         if self.fixed is not None:
             return self.fixed if len(self.fixed) <= budget else TreeShape.chain(budget)
-        return plan_tree(self.rank_accept(row), budget, self.c, self.verify_cost)[0]
+        t = self.rows[row]
+        shape, speed = plan_tree(self.rank_accept(row), budget, self.c, self.verify_cost)
+        t.probing = False
+        if self.pause and speed < 1.0 / self.verify_cost(1):
+            t.paused += 1
+            t.wait = t.wait or self.probe_every
+            if t.paused <= t.wait:
+                return TreeShape((), ())
+            t.paused, t.probing = 0, True
+            return TreeShape.chain(1)  # a probe keeps the acceptance estimates current
+        t.paused, t.wait = 0, 0
+        return shape
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
                 generators: list[torch.Generator]) -> list[Proposal]:
         cache = self.cache
         budgets = [min(g, self.max_len - cache.length(r) - len(self.rows[r].pending) - 1) for r, g in zip(rows, gammas)]
-        live = [i for i, b in enumerate(budgets) if b > 0]
-        shapes = {i: self.shape_for(rows[i], budgets[i]) for i in live}
+        shapes = {i: self.shape_for(rows[i], b) for i, b in enumerate(budgets) if b > 0}
+        live = [i for i, shape in shapes.items() if len(shape)]
         tokens: dict[int, list[int]] = {i: [] for i in live}
         qs: dict[int, list[Tensor]] = {i: [] for i in live}
         for i in range(len(rows)):
@@ -117,11 +138,12 @@ class TreeDraftProposer:
         drawn_shape: dict[int, list[int]] = {i: [] for i in live}
         try:
             # depth 0: the pending tokens; their last logits draw the root's children
-            frontier = {i: [(-1, None)] for i in live}  # (drawn node, its logits) whose children come next
-            logits = self._forward([rows[i] for i in live], [self.rows[rows[i]].pending for i in live], None)
-            for j, i in enumerate(live):
-                cache.commit(rows[i], len(self.rows[rows[i]].pending))
-                frontier[i] = [(-1, logits[j][-1])]
+            frontier = {}  # row -> (drawn node, its logits) whose children come next
+            if live:
+                logits = self._forward([rows[i] for i in live], [self.rows[rows[i]].pending for i in live], None)
+                for j, i in enumerate(live):
+                    cache.commit(rows[i], len(self.rows[rows[i]].pending))
+                    frontier[i] = [(-1, logits[j][-1])]
             depth = 0
             while live:
                 depth += 1
@@ -208,6 +230,11 @@ class TreeDraftProposer:
         t.shape, t.nodes, t.parents, t.ranks, t.fed = None, 0, [], [], []
 
     def _count(self, t: RowTree, path: list[int]) -> None:
+        if t.probing:
+            rejected = not path
+            t.wait = min(2 * t.wait, 8 * self.probe_every) if rejected else self.probe_every
+        t.hits = [h * self.decay for h in t.hits]
+        t.chances = [n * self.decay for n in t.chances]
         for node, nxt in zip([-1] + path, path + [None]):
             kids = [i for i, parent in enumerate(t.parents) if parent == node]
             for rank in range(min(len(kids), len(t.hits))):

@@ -116,8 +116,8 @@ class OneRowAtATime:
     def __init__(self, inner: Proposer) -> None:
         self.inner = inner
 
-    def reset(self, row: int, prompt: list[int], target) -> None:
-        self.inner.reset(row, prompt, target)
+    def reset(self, row: int, prompt: list[int], target, hidden=None) -> None:
+        self.inner.reset(row, prompt, target, hidden)
 
     def propose(self, rows, gammas, sampling, generators) -> list[Proposal]:
         return [self.inner.propose([r], [g], [s], [gen])[0] for r, g, s, gen in zip(rows, gammas, sampling, generators)]

@@ -1,0 +1,113 @@
+"""`verispec train-drafter --kind eagle`: train an EAGLE drafter for the target on this machine (verispec.train_drafter)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+from verispec.cli.common import fail
+from verispec.cli.options import add_model_options, resolve_dtype
+
+
+def duration(text: str) -> float:
+    """'30m', '1h', '90s', '1h30m' or plain seconds -> seconds."""
+    text = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        seconds = float(text)
+    else:
+        parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
+        if not parts or not any(parts.groups()):
+            raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30m, 1h, 90s)")
+        h, m, s = (int(g) if g else 0 for g in parts.groups())
+        seconds = 3600.0 * h + 60.0 * m + s
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError("a duration must be positive")
+    return seconds
+
+
+def add_parser(sub, default_target: str) -> None:
+    p = sub.add_parser("train-drafter", help="train an EAGLE drafter for the target on this machine (self-distillation)")
+    p.add_argument("--kind", choices=["eagle"], default="eagle",
+                   help="eagle: one decoder layer over the target's own features (Medusa heads: not yet)")
+    add_model_options(p, default_target, device=False)
+    p.add_argument("--out", default=None, help="drafter directory (default: drafters/<target>-eagle in the cache "
+                   "directory); an unfinished one resumes")
+    p.add_argument("--budget", type=duration, default=duration("30m"),
+                   help="training time, e.g. 30m or 1h (the target's features are cached first; default: 30m)")
+    p.add_argument("--tokens", type=int, default=120_000,
+                   help="corpus tokens whose target features are cached, once (default: %(default)s)")
+    p.add_argument("--corpus", default="stdlib",
+                   help="comma list of: stdlib (the Python standard library's sources), suite (the packaged bench "
+                        "prompts; then bench figures are no longer held out) (default: %(default)s)")
+    p.add_argument("--intermediate", type=int, default=None,
+                   help="the drafter layer's MLP width (default: the target's)")
+    p.add_argument("--head-vocab", type=int, default=32000,
+                   help="the drafter proposes ids below this (its head is that many rows of the target's; default: %(default)s)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=4, help="sequences a step (default: %(default)s)")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens a sequence (default: %(default)s)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from verispec.models.eagle import CONFIG, EagleConfig, EagleDrafter, load_drafter
+    from verispec.models.llama import LlamaModel
+    from verispec.models.load import default_threads, load
+    from verispec.models.files import cache_dir
+    from verispec.train_drafter import (
+        TrainSettings, cache_features, chunks, log_stderr, stdlib_texts, suite_texts, target_head, train,
+    )
+
+    corpora = {"stdlib": stdlib_texts, "suite": suite_texts}
+    names = [c for c in args.corpus.split(",") if c]
+    if not names or any(c not in corpora for c in names):
+        fail(f"--corpus takes a comma list of {', '.join(corpora)}, got {args.corpus!r}")
+    for flag, value in (("--tokens", args.tokens), ("--batch", args.batch), ("--seq-len", args.seq_len),
+                        ("--head-vocab", args.head_vocab)):
+        if value < 1:
+            fail(f"{flag} must be at least 1, got {value}")
+    if not 0 < args.lr < 1:
+        fail(f"--lr must be in (0, 1), got {args.lr}")
+    settings = TrainSettings(seq_len=args.seq_len, tokens=args.tokens, batch=args.batch, lr=args.lr,
+                             budget_s=args.budget)
+    args.device = "cpu"
+    resolve_dtype(args)
+    default_threads()
+    progress = sys.stderr.isatty()
+    target = load(args.target, dtype=args.dtype, progress=progress)
+    if not isinstance(target.model, LlamaModel):
+        fail(f"an EAGLE drafter needs a native Llama-family target; {target.name} runs through "
+             f"{type(target.model).__name__}")
+    model = target.model
+    model.requires_grad_(False)
+    out = Path(args.out).expanduser() if args.out else cache_dir() / "drafters" / f"{target.name}-eagle"
+    t0 = time.perf_counter()
+
+    def texts():
+        for name in names:
+            yield from corpora[name]()
+
+    try:
+        pieces = chunks(texts(), lambda s: target.tokenizer.encode(s, special=False), settings.seq_len,
+                        settings.tokens)
+        shards = cache_features(model, pieces, out / "features", settings, progress)
+    except ValueError as e:
+        fail(str(e))
+    features_s = time.perf_counter() - t0
+    log_stderr(f"target features: {len(shards)} shards in {out / 'features'} ({features_s / 60:.1f} min)")
+    if (out / CONFIG).is_file() and (out / "train-state.pt").is_file():
+        drafter = load_drafter(out, model)
+    else:
+        cfg = EagleConfig.for_target(model, target.name, intermediate_size=args.intermediate,
+                                     head_vocab=args.head_vocab)
+        drafter = EagleDrafter.fresh(cfg, model, target_head(model, target.path, cfg.head_vocab))
+    head = drafter.lm_head.weight.detach()
+    result = train(drafter, head, shards, out, settings, log_stderr, progress)
+    print(f"trained {result['steps']} steps in {result['seconds'] / 60:.1f} min (+{features_s / 60:.1f} min of "
+          f"target features): the drafter's first guess is the target's argmax {result['validation_agreement']:.1%} "
+          f"of the time on held-out text (before training: {result['initial_agreement']:.1%}); saved to {out}\n"
+          f"use it: verispec generate --strategy eagle --drafter {out} \"...\"")
+    return 0

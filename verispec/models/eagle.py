@@ -1,0 +1,168 @@
+"""EAGLE's feature-level drafter (Li et al. 2024): one decoder layer that predicts the target's next feature.
+
+The target's feature h_t (its last block's output at position t, before the final norm) is what its LM head
+reads to predict token t+1. The drafter reads the pair (h_t, token t+1):
+
+    x_t  = fc([embed(token t+1), h_t])        (2H -> H)
+    f_t+1 = decoder layer(x_<=t)                the predicted feature at position t+1, with a causal KV cache
+    q    = softmax(head(norm(f_t+1)))          its guess at token t+2
+
+and drafts on by feeding its own f as the next feature. Embedding and final norm are the target's (shared, not
+copied); the head is the first `head_vocab` rows of the target's LM head (byte-level BPE ids run roughly in
+frequency order), so a draft step reads one layer and a small head: about a twentieth of the target.
+
+`EagleDrafter` is a one-layer `LlamaModel` whose `inputs` reads features, so caches, tree masks, batched rows and
+the w4a8 kernel are the target's own code. A drafter directory holds config.json (`EagleConfig`) and
+model.safetensors (fc, the layer, the head rows).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from verispec.models.llama import LlamaConfig, LlamaModel
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    kind: str  # "eagle"
+    target: str  # the target it was trained for (its directory name), checked at load
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_vocab: int  # rows of the target's LM head the drafter proposes from
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    attention_bias: bool
+
+    def llama(self, vocab_size: int) -> LlamaConfig:
+        return LlamaConfig(vocab_size=vocab_size, hidden_size=self.hidden_size,
+                           intermediate_size=self.intermediate_size, num_hidden_layers=1,
+                           num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
+                           rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta,
+                           max_position_embeddings=self.max_position_embeddings, attention_bias=self.attention_bias)
+
+    @classmethod
+    def for_target(cls, target: LlamaModel, name: str, *, intermediate_size: int | None = None,
+                   head_vocab: int = 32000) -> "EagleConfig":
+        c = target.cfg
+        return cls("eagle", name, c.hidden_size, intermediate_size or c.intermediate_size, c.num_attention_heads,
+                   c.num_key_value_heads, min(head_vocab, c.vocab_size), c.rms_norm_eps, c.rope_theta,
+                   c.max_position_embeddings, c.attention_bias)
+
+
+class EagleDrafter(LlamaModel):
+    """One decoder layer over [token embedding, target feature] (see the module docstring)."""
+
+    def __init__(self, cfg: EagleConfig, vocab_size: int) -> None:
+        super().__init__(cfg.llama(vocab_size))
+        h = cfg.hidden_size
+        self.eagle = cfg
+        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.lm_head = nn.Linear(h, cfg.head_vocab, bias=False)
+
+    @classmethod
+    def fresh(cls, cfg: EagleConfig, target: LlamaModel, head: Tensor, *, seed: int = 0) -> "EagleDrafter":
+        """A drafter to train: fc passes the feature through (x = h_t), the layer starts as the target's last block
+        where the sizes match (else small random weights, its output projections zero, so it starts as that
+        identity), the head is `head` [head_vocab, H] (the target's LM head rows, float)."""
+        gen = torch.Generator().manual_seed(seed)
+        with torch.device("meta"):
+            drafter = cls(cfg, target.vocab_size)
+        h = cfg.hidden_size
+        state: dict[str, Tensor] = {"fc.weight": torch.cat([torch.zeros(h, h), torch.eye(h)], dim=1),
+                                    "fc.bias": torch.zeros(h), "lm_head.weight": head.detach().float().clone()}
+        last = target.layers[-1]
+        copy = cfg.intermediate_size == target.cfg.intermediate_size and isinstance(last.wqkv, nn.Linear)
+        for name, p in drafter.layers[0].named_parameters():
+            if copy:
+                state[f"layers.0.{name}"] = dict(last.named_parameters())[name].detach().float().clone()
+            elif name.endswith("norm.weight"):
+                state[f"layers.0.{name}"] = torch.ones(p.shape)
+            elif name in ("wo.weight", "w2.weight"):
+                state[f"layers.0.{name}"] = torch.zeros(p.shape)
+            else:
+                state[f"layers.0.{name}"] = 0.02 * torch.randn(p.shape, generator=gen)
+        drafter.load_state_dict(state, strict=False, assign=True)
+        return drafter.share(target).init_rope() or drafter
+
+    def inputs(self, tokens: Tensor, features: Tensor | None) -> Tensor:
+        if features is None:
+            raise ValueError("the EAGLE drafter reads the target's features beside each token")
+        return self.fc(torch.cat([self.embed_tokens(tokens), features.to(self.dtype)], dim=-1))
+
+    def share(self, target: LlamaModel) -> "EagleDrafter":
+        """Use the target's embedding table and final norm (never trained here, never copied)."""
+        if target.cfg.hidden_size != self.eagle.hidden_size:
+            raise ValueError(f"drafter for hidden size {self.eagle.hidden_size}, target has {target.cfg.hidden_size}")
+        self.embed, self.norm = target.embed, target.norm
+        return self
+
+    def train_forward(self, tokens: Tensor, features: Tensor) -> Tensor:
+        """Predicted features [B, T, H] for pairs (features[:, t], tokens[:, t]) from position 0, causal, with
+        autograd (no cache): what `verispec train-drafter` fits."""
+        x = self.inputs(tokens, features)
+        t = x.shape[1]
+        cos, sin = self.cos[:t].to(x.dtype), self.sin[:t].to(x.dtype)
+
+        def causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+
+        return self.layers[0](x, 0, None, cos, sin, causal)
+
+    def own_state(self) -> dict[str, Tensor]:
+        """The drafter's own weights (fc, layer, head): what a drafter directory stores."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith(("embed.", "norm."))}
+
+    def save(self, directory: Path) -> None:
+        from safetensors.torch import save_file
+
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / (WEIGHTS + ".tmp")
+        save_file({k: v.detach().contiguous() for k, v in self.own_state().items()}, str(tmp))
+        tmp.replace(directory / WEIGHTS)
+        (directory / CONFIG).write_text(json.dumps(asdict(self.eagle), indent=2) + "\n")
+
+
+def load_drafter(directory: str | Path, target: LlamaModel, *, quantize_kind: str | None = None) -> EagleDrafter:
+    """A drafter directory over `target` (its embedding and norm shared). quantize_kind: e.g. "w4a8-4bit" to run
+    the layer, fc and head on the target's kernel (the drafter never changes the output, only acceptance)."""
+    from verispec.models.errors import ModelError
+    from verispec.models.files import read_safetensors
+
+    directory = Path(directory).expanduser()
+    try:
+        raw = json.loads((directory / CONFIG).read_text())
+        cfg = EagleConfig(**raw)
+    except (OSError, ValueError, TypeError) as e:
+        raise ModelError(f"{directory} is not an EAGLE drafter directory ({CONFIG}: {e})") from None
+    if cfg.kind != "eagle":
+        raise ModelError(f"{directory} holds a {cfg.kind!r} drafter, not an EAGLE one")
+    with torch.device("meta"):  # the embedding and norm come from the target: never allocate them here
+        drafter = EagleDrafter(cfg, target.vocab_size)
+    try:
+        state = read_safetensors(directory / WEIGHTS)
+        missing = drafter.load_state_dict(state, strict=False, assign=True).missing_keys
+    except (OSError, RuntimeError) as e:
+        raise ModelError(f"{directory / WEIGHTS} does not fit this drafter: {e}") from None
+    if [k for k in missing if not k.startswith(("embed.", "norm."))]:
+        raise ModelError(f"{directory / WEIGHTS} lacks {missing[:3]}")
+    drafter = drafter.float().eval()
+    drafter.requires_grad_(False)
+    if quantize_kind is not None:
+        from verispec.models.quant import quantize
+
+        quantize(drafter, quantize_kind)  # before sharing: it must not touch the target's table
+    drafter.share(target).init_rope()
+    return drafter

@@ -1,0 +1,256 @@
+"""Training an EAGLE drafter for a target on this machine, by self-distillation.
+
+1. Features, once: the target (as it runs, e.g. w4a8) reads chunks of a corpus (by default the Python standard
+   library's own source files, present on every machine) and its last-block outputs h_t are stored with the tokens
+   in shards under OUT/features (bf16). Resumable: finished shards are kept; the last shard is held out.
+2. Training: the drafter predicts h_t+1 from the pairs (h_<=t, token_<=t+1) (EagleDrafter.train_forward) and is fitted
+   to the target by EAGLE's loss, smooth-L1 on the feature plus 0.1 x the cross-entropy of its head's distribution
+   against the target's own (the same head on the true feature: self-distillation, no labels needed), with a time
+   budget, checkpoints (OUT/train-state.pt) and resume. Validation: how often the drafter's first guess is the
+   target's argmax, the acceptance of a greedy first draft token.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import sysconfig
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from verispec.models.eagle import EagleDrafter
+from verispec.models.llama import LlamaModel
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    seq_len: int = 256  # tokens a training sequence holds
+    tokens: int = 120_000  # corpus tokens whose features are cached
+    shard: int = 16  # sequences a feature shard holds
+    batch: int = 4  # sequences a step trains on
+    lr: float = 1e-3
+    warmup: int = 30  # steps of linear warm-up
+    budget_s: float = 30 * 60.0  # training seconds (features not counted)
+    checkpoint_s: float = 300.0
+    cls_weight: float = 0.1  # EAGLE's weight of the distribution loss beside the feature loss
+    seed: int = 0
+
+
+def stdlib_texts() -> Iterator[str]:
+    """The Python standard library's .py sources in a fixed order (tests and vendored trees left out)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(root.rglob("*.py")):
+        if any(part in ("test", "tests", "idlelib", "site-packages", "lib2to3") for part in path.relative_to(root).parts):
+            continue
+        try:
+            yield path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+
+
+def suite_texts() -> Iterator[str]:
+    from verispec.bench.suite import load_prompts
+
+    for prompt in load_prompts("suite"):
+        yield "\n\n".join(m["content"] for m in prompt.messages)
+
+
+def chunks(texts: Iterator[str], encode: Callable[[str], list[int]], seq_len: int, total: int) -> Iterator[list[int]]:
+    """Consecutive seq_len-token pieces of the concatenated texts, `total` tokens in all."""
+    buf: list[int] = []
+    made = 0
+    for text in texts:
+        buf.extend(encode(text))
+        while len(buf) >= seq_len and made + seq_len <= total:
+            yield buf[:seq_len]
+            buf = buf[seq_len:]
+            made += seq_len
+        if made + seq_len > total:
+            return
+
+
+def cache_features(target: LlamaModel, pieces: Iterator[list[int]], out: Path, settings: TrainSettings,
+                   progress: bool = True) -> list[Path]:
+    """Write the target's features for every piece into shards out/shard-NNNNN.safetensors (kept if present)."""
+    from safetensors.torch import load_file, save_file
+    from tqdm import tqdm
+
+    out.mkdir(parents=True, exist_ok=True)
+    n_shards = settings.tokens // (settings.seq_len * settings.shard)
+    if n_shards < 2:
+        raise ValueError(f"--tokens {settings.tokens} makes fewer than 2 shards of {settings.shard} x {settings.seq_len}")
+    shards = [out / f"shard-{i:05d}.safetensors" for i in range(n_shards)]
+    todo = [p for p in shards if not p.is_file()]
+    bar = tqdm(total=n_shards * settings.shard * settings.seq_len, unit="tok", desc="target features",
+               disable=not progress, initial=(n_shards - len(todo)) * settings.shard * settings.seq_len)
+    cache = target.new_cache(settings.seq_len + 1)
+    group: list[list[int]] = []
+    index = 0
+    for piece in pieces:
+        group.append(piece)
+        if len(group) < settings.shard:
+            continue
+        path = shards[index]
+        index += 1
+        if path.is_file():
+            group = []
+            if index == n_shards:
+                break
+            continue
+        feats = []
+        for seq in group:
+            cache.reset()
+            _, h = target.forward(torch.tensor([seq]), cache, last_n=1, hidden=True)
+            feats.append(h[0].to(torch.bfloat16))
+            bar.update(len(seq))
+        tmp = path.with_suffix(".tmp")
+        save_file({"tokens": torch.tensor(group, dtype=torch.int32), "features": torch.stack(feats)}, str(tmp))
+        tmp.replace(path)
+        group = []
+        if index == n_shards:
+            break
+    bar.close()
+    missing = [p for p in shards if not p.is_file()]
+    if missing:
+        raise ValueError(f"the corpus ran out after {n_shards - len(missing)} of {n_shards} shards: ask for fewer --tokens")
+    load_file(str(shards[0]))  # readable
+    return shards
+
+
+def losses(drafter: EagleDrafter, head: Tensor, tokens: Tensor, features: Tensor,
+           cls_weight: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(loss, feature loss, agreement): the drafter reads pairs (h_t, x_t+1) and predicts h_t+1."""
+    inputs, nxt, target = features[:, :-1].float(), tokens[:, 1:].long(), features[:, 1:].float()
+    pred = drafter.train_forward(nxt, inputs)  # [B, T-1, H]
+    reg = F.smooth_l1_loss(pred, target)
+    student = F.linear(drafter.norm(pred), head)  # [B, T-1, V']
+    with torch.no_grad():
+        teacher = F.linear(drafter.norm(target), head)
+        p = teacher.softmax(-1)
+    cls = -(p * student.log_softmax(-1)).sum(-1).mean()
+    agree = (student.argmax(-1) == teacher.argmax(-1)).float().mean()
+    return reg + cls_weight * cls, reg, agree
+
+
+def train(drafter: EagleDrafter, head: Tensor, shards: list[Path], out: Path, settings: TrainSettings,
+          log: Log, progress: bool = True) -> dict[str, float]:
+    """Fit the drafter's own weights on shards[:-1], validate on shards[-1]; save to `out` as it goes."""
+    from safetensors.torch import load_file
+    from tqdm import tqdm
+
+    params = [p for n, p in drafter.named_parameters() if not n.startswith(("embed.", "norm.", "lm_head."))]
+    for n, p in drafter.named_parameters():
+        p.requires_grad_(not n.startswith(("embed.", "norm.", "lm_head.")))
+    opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    state_path = out / "train-state.pt"
+    step, used = 0, 0.0
+    if state_path.is_file():
+        state = torch.load(state_path, weights_only=False)
+        opt.load_state_dict(state["optimizer"])
+        step, used = state["step"], state["seconds"]
+        log(f"resuming at step {step} ({used / 60:.1f} of {settings.budget_s / 60:.1f} min used)")
+    data = [load_file(str(p)) for p in shards[:-1]]
+    val = load_file(str(shards[-1]))
+    tokens = torch.cat([d["tokens"] for d in data])
+    features = torch.cat([d["features"] for d in data])
+    gen = torch.Generator().manual_seed(settings.seed + step)
+
+    def validate() -> float:
+        drafter.eval()
+        agree = []
+        with torch.no_grad():
+            for i in range(0, val["tokens"].shape[0], settings.batch):
+                agree.append(float(losses(drafter, head, val["tokens"][i : i + settings.batch],
+                                          val["features"][i : i + settings.batch], settings.cls_weight)[2]))
+        drafter.train()
+        return sum(agree) / len(agree)
+
+    first = validate()
+    log(f"validation before training (step {step}): first-token agreement {first:.3f}")
+    bar = tqdm(total=int(settings.budget_s), unit="s", desc="training", disable=not progress, initial=int(used))
+    last_save, start = time.perf_counter(), time.perf_counter() - used
+    recent: list[float] = []
+    drafter.train()
+    while used < settings.budget_s:
+        t0 = time.perf_counter()
+        pick = torch.randint(0, tokens.shape[0], (settings.batch,), generator=gen)
+        lr = settings.lr * min(1.0, (step + 1) / settings.warmup)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        loss, reg, agree = losses(drafter, head, tokens[pick], features[pick], settings.cls_weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 0.5)
+        opt.step()
+        step += 1
+        recent = (recent + [float(agree)])[-50:]
+        now = time.perf_counter()
+        used = now - start
+        bar.update(int(used) - bar.n)
+        if not math.isfinite(float(loss.detach())):
+            raise FloatingPointError(f"the loss became {float(loss.detach())} at step {step}; try a smaller --lr")
+        if step % 50 == 0:
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", agree=f"{sum(recent) / len(recent):.3f}")
+        if now - last_save >= settings.checkpoint_s or used >= settings.budget_s:
+            score = validate()
+            _checkpoint(drafter, opt, step, used, out)
+            log(f"step {step}, {used / 60:.1f} min: train agreement {sum(recent) / len(recent):.3f}, "
+                f"validation {score:.3f} (saved)")
+            last_save = time.perf_counter()
+            start += last_save - now  # validation and saving are not training time
+    bar.close()
+    score = validate()
+    _checkpoint(drafter, opt, step, used, out)
+    drafter.eval()
+    return {"steps": step, "seconds": used, "validation_agreement": score, "initial_agreement": first}
+
+
+def _checkpoint(drafter: EagleDrafter, opt: torch.optim.Optimizer, step: int, used: float, out: Path) -> None:
+    drafter.save(out)
+    tmp = out / "train-state.pt.tmp"
+    torch.save({"optimizer": opt.state_dict(), "step": step, "seconds": used}, tmp)
+    tmp.replace(out / "train-state.pt")
+
+
+def target_head(target: LlamaModel, directory: Path | None, rows: int) -> Tensor:
+    """The target's LM head rows [rows, H] in float32: from its float weights, or from its model directory when the
+    loaded model runs quantized (the kernel's packed codes are not read back)."""
+    head = target.lm_head
+    if isinstance(head, torch.nn.Linear) and head.weight.device.type != "meta":
+        return head.weight[:rows].detach().float().clone()
+    if directory is None:
+        raise ValueError("the target's LM head is quantized and no model directory was given to read it from")
+    from safetensors import safe_open
+
+    for file in sorted(directory.glob("*.safetensors")):
+        if file.name.startswith("verispec-"):
+            continue
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in ("lm_head.weight", "model.embed_tokens.weight"):
+                if name in f.keys() and (name == "lm_head.weight" or not _has(directory, "lm_head.weight")):
+                    return f.get_slice(name)[:rows].float()
+    raise ValueError(f"no LM head in {directory}")
+
+
+def _has(directory: Path, name: str) -> bool:
+    from safetensors import safe_open
+
+    for file in directory.glob("*.safetensors"):
+        if file.name.startswith("verispec-"):
+            continue
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            if name in f.keys():
+                return True
+    return False
+
+
+def log_stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
