@@ -76,6 +76,25 @@ def test_each_query_gets_the_bits_it_gets_alone(builds, shape):
                 assert torch.equal(alone[0, :, 0], together[r, :, i]), (r, i)
 
 
+@pytest.mark.parametrize("shape", SHAPES[:3])
+def test_a_tree_node_gets_the_bits_of_its_keys_side_by_side(builds, shape):
+    """A token-tree node sees the prefix and its ancestors, with its siblings' slots between them unseen: it must
+    get the bits that a decoding step over the same keys, packed next to each other, gives (exact greedy trees).
+    Unseen keys shift later ones to other vector lanes, which changed the softmax's sum before keys were packed."""
+    b, h, kv, t, s, d = shape
+    q, k, v = _qkv(b, h, kv, 1, s + 40, d, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    for gaps in (1, 3, 17):
+        seen = torch.ones(s + 40, dtype=torch.bool)
+        seen[torch.randperm(s + 40, generator=gen)[:gaps]] = False
+        seen[-1] = True
+        idx = seen.nonzero().squeeze(-1)
+        for mod in builds:
+            tree = mod.attention(q, k, v, seen.expand(b, 1, s + 40).contiguous(), d**-0.5)
+            packed = mod.attention(q, k[:, :, idx].contiguous(), v[:, :, idx].contiguous(), NO_MASK, d**-0.5)
+            assert torch.equal(tree, packed), gaps
+
+
 def test_builds_agree_bit_for_bit(builds):
     if len(builds) < 2:
         pytest.skip("one kernel build runs on this CPU")

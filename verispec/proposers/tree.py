@@ -94,6 +94,8 @@ class TreeDraftProposer:
         self.prior = [a * prior_weight for a in rank_accept], [prior_weight] * len(rank_accept)
         self.rows: dict[int, RowTree] = {}
         self._stats: dict[int, ProposerStats] = {}
+        # every row's raw counts (no prior, no forgetting), for reports: accepted at rank j / nodes with a rank j child
+        self.rank_hits, self.rank_chances = [0] * len(rank_accept), [0] * len(rank_accept)
 
     def rank_accept(self, row: int) -> list[float]:
         t = self.rows[row]
@@ -239,8 +241,10 @@ class TreeDraftProposer:
             kids = [i for i, parent in enumerate(t.parents) if parent == node]
             for rank in range(min(len(kids), len(t.hits))):
                 t.chances[rank] += 1
+                self.rank_chances[rank] += 1
             if nxt is not None and t.ranks[nxt] < len(t.hits):
                 t.hits[t.ranks[nxt]] += 1
+                self.rank_hits[t.ranks[nxt]] += 1
 
     def move(self, src: int, dst: int) -> None:
         self.cache.move(src, dst)

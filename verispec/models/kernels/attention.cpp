@@ -23,36 +23,45 @@ namespace {
 // One (row, key head, query) of attention() for its R query heads. ND: vectors per head (D / 16) when a
 // compile-time constant for the common head sizes (a multiple of 16), so that a head's vectors stay in
 // registers; 0: at run time, the last vector zero-padded.
+//
+// The keys a query sees are taken in order and packed (the c-th seen key is score c), so a query's arithmetic
+// depends on which keys it sees, never on where they sit: a token-tree node that sees the prefix and its ancestors
+// (slots with gaps between them) gets the bits a decoding step over the same keys, side by side, gives.
 template <int ND>
 void attend(const float* const* qs, int64_t R, const float* kb, int64_t ks, const float* vb, int64_t vs,
-            const bool* seen, int64_t n, int64_t D, float scale, float* const* os, std::vector<float>& scores) {
+            const bool* seen, int64_t n, int64_t D, float scale, float* const* os, std::vector<float>& scores,
+            std::vector<int64_t>& keys) {
   const int64_t nd = ND ? ND : (D + kLanes - 1) / kLanes;
   const int tail = ND ? kLanes : static_cast<int>(D - (nd - 1) * kLanes);  // floats in the last vector
   const int64_t padded = (n + kLanes - 1) / kLanes * kLanes;
   scores.assign(R * padded, kNegInf);
+  keys.resize(n);
   f16v kv[ND ? ND : 1];
   std::vector<f16v> dyn(ND ? 0 : nd);
   f16v* kj = ND ? kv : dyn.data();
+  int64_t c = 0;  // keys seen so far
   for (int64_t j = 0; j < n; ++j) {
     if (seen && !seen[j]) continue;
     for (int64_t i = 0; i < nd; ++i) kj[i] = ND ? load(kb + j * ks + i * kLanes) : load(kb + j * ks + i * kLanes, i + 1 < nd ? kLanes : tail);
     for (int64_t r = 0; r < R; ++r) {
       f16v acc = (ND ? load(qs[r]) : load(qs[r], nd > 1 ? kLanes : tail)) * kj[0];
       for (int64_t i = 1; i < nd; ++i) acc += (ND ? load(qs[r] + i * kLanes) : load(qs[r] + i * kLanes, i + 1 < nd ? kLanes : tail)) * kj[i];
-      scores[r * padded + j] = hsum(acc) * scale;
+      scores[r * padded + c] = hsum(acc) * scale;
     }
+    keys[c++] = j;
   }
+  const int64_t used = (c + kLanes - 1) / kLanes * kLanes;
   for (int64_t r = 0; r < R; ++r) {
     float* s = scores.data() + r * padded;
     float m = kNegInf;
-    for (int64_t j = 0; j < n; ++j) m = s[j] > m ? s[j] : m;
+    for (int64_t j = 0; j < c; ++j) m = s[j] > m ? s[j] : m;
     float* o = os[r];
     if (m == kNegInf) {  // sees no key: zeros, as a fully masked row would be
       std::memset(o, 0, sizeof(float) * D);
       continue;
     }
     f16v sum = {};
-    for (int64_t j = 0; j < padded; j += kLanes) {
+    for (int64_t j = 0; j < used; j += kLanes) {
       const f16v p = exp16(load(s + j) - m);  // the padding's -inf gives 0
       std::memcpy(s + j, &p, sizeof p);
       sum += p;
@@ -61,10 +70,10 @@ void attend(const float* const* qs, int64_t R, const float* kb, int64_t ks, cons
     f16v accv[ND ? ND : 1] = {};
     std::vector<f16v> accd(ND ? 0 : nd);
     f16v* acc = ND ? accv : accd.data();
-    for (int64_t j = 0; j < n; ++j) {
-      if (s[j] == 0.0f) continue;  // adds nothing (an unseen key, or e^x below -87)
+    for (int64_t j = 0; j < c; ++j) {
+      if (s[j] == 0.0f) continue;  // adds nothing (e^x below -87)
       const f16v p = splat(s[j]);
-      const float* vj = vb + j * vs;
+      const float* vj = vb + keys[j] * vs;
       for (int64_t i = 0; i < nd; ++i) acc[i] += p * (ND ? load(vj + i * kLanes) : load(vj + i * kLanes, i + 1 < nd ? kLanes : tail));
     }
     for (int64_t i = 0; i < nd; ++i) {
@@ -106,6 +115,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
   // one task per (row, key head, query): its R query heads share every key and value read
   at::parallel_for(0, B * KV * T, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores;
+    std::vector<int64_t> keys;
     std::vector<const float*> qs(R);
     std::vector<float*> os(R);
     for (int64_t i = i0; i < i1; ++i) {
@@ -121,7 +131,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
         os[r] = op + ((b * H + g * R + r) * T + t) * D;
       }
       fn(qs.data(), R, kp + b * k.stride(0) + g * k.stride(1), k.stride(2), vp + b * v.stride(0) + g * v.stride(1),
-         v.stride(2), seen, n, D, sc, os.data(), scores);
+         v.stride(2), seen, n, D, sc, os.data(), scores, keys);
     }
   });
   return out;
