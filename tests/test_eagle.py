@@ -158,10 +158,10 @@ def test_train_drafter_command_trains_resumes_and_drafts(pair, capsys, tmp_path)
     out = tmp_path / "drafter"
     common = ["train-drafter", "--target", str(target), "--dtype", "float32", "--out", str(out),
               "--tokens", "2048", "--seq-len", "32", "--batch", "2"]
-    code, stdout, err = run_inline(capsys, *common, "--budget", "2s")
+    code, stdout, err = run_inline(capsys, *common, "--budget", "1s")
     assert code == 0, err
     assert "trained" in stdout and (out / "model.safetensors").is_file() and len(list((out / "features").iterdir())) == 4
-    code, stdout, err = run_inline(capsys, *common, "--budget", "4s")
+    code, stdout, err = run_inline(capsys, *common, "--budget", "2s")
     assert code == 0 and "resuming at step" in err, err
     plain = run_inline(capsys, "generate", "def x ( a ) :", "--target", str(target), "--dtype", "float32",
                        "--strategy", "ar", "--max-new-tokens", "20", "--json")

@@ -42,6 +42,8 @@ class TrainSettings:
     checkpoint_s: float = 300.0
     cls_weight: float = 0.1  # EAGLE's weight of the distribution loss beside the feature loss
     seed: int = 0
+    bf16: bool = False  # matmuls in bfloat16 under autocast (weights and optimizer stay float32): 1.9x faster a
+    # step where the CPU has AVX-512 BF16 (emulated, and slower, elsewhere)
 
 
 def stdlib_texts() -> Iterator[str]:
@@ -168,8 +170,9 @@ def train(drafter: EagleDrafter, head: Tensor, shards: list[Path], out: Path, se
         agree = []
         with torch.no_grad():
             for i in range(0, val["tokens"].shape[0], settings.batch):
-                agree.append(float(losses(drafter, head, val["tokens"][i : i + settings.batch],
-                                          val["features"][i : i + settings.batch], settings.cls_weight)[2]))
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
+                    agree.append(float(losses(drafter, head, val["tokens"][i : i + settings.batch],
+                                              val["features"][i : i + settings.batch], settings.cls_weight)[2]))
         drafter.train()
         return sum(agree) / len(agree)
 
@@ -185,7 +188,8 @@ def train(drafter: EagleDrafter, head: Tensor, shards: list[Path], out: Path, se
         lr = settings.lr * min(1.0, (step + 1) / settings.warmup)
         for group in opt.param_groups:
             group["lr"] = lr
-        loss, reg, agree = losses(drafter, head, tokens[pick], features[pick], settings.cls_weight)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
+            loss, reg, agree = losses(drafter, head, tokens[pick], features[pick], settings.cls_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)

@@ -143,11 +143,13 @@ def theory_rows(rows: Sequence[Row], curve: Sequence[dict[str, Any]] | None = No
     """For each drafting strategy and temperature: per gamma, the measured alpha and c, the predicted mean
     accepted length and speedup next to the measured ones; the gamma theory calls for and the one that won.
     alpha is the per-token alpha_iid (the model's parameter); with a measured verification-cost `curve`, the
-    speedup is also predicted with what a (gamma + 1)-token forward really costs."""
+    speedup is also predicted with what a (gamma + 1)-token forward really costs. Tree rows are left out: a tree's
+    gamma is its node budget, not a chain's length (benchmarks/tree_sizes.py sets the tree theory beside them)."""
     cost = interpolate_cost([(p["tokens"], p["relative_to_1"]) for p in curve]) if curve else None
     groups: dict[tuple[str, float], list[Row]] = defaultdict(list)
     for row in rows:
-        if row.category == ALL and row.config.system == "verispec" and not row.config.plain and row.alpha_iid is not None:
+        if (row.category == ALL and row.config.system == "verispec" and not row.config.plain
+                and row.alpha_iid is not None and row.config.strategy != "tree"):
             groups[(row.config.strategy, row.config.temperature)].append(row)
     out = []
     for (strategy, temperature), rs in groups.items():

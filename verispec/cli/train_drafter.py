@@ -42,8 +42,8 @@ def add_parser(sub, default_target: str) -> None:
     p.add_argument("--corpus", default="stdlib",
                    help="comma list of: stdlib (the Python standard library's sources), suite (the packaged bench "
                         "prompts; then bench figures are no longer held out) (default: %(default)s)")
-    p.add_argument("--intermediate", type=int, default=None,
-                   help="the drafter layer's MLP width (default: the target's)")
+    p.add_argument("--intermediate", type=int, default=2048,
+                   help="the drafter layer's MLP width; narrower trains more steps in the budget (default: %(default)s)")
     p.add_argument("--head-vocab", type=int, default=32000,
                    help="the drafter proposes ids below this (its head is that many rows of the target's; default: %(default)s)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: %(default)s)")
@@ -66,13 +66,15 @@ def run(args: argparse.Namespace) -> int:
     if not names or any(c not in corpora for c in names):
         fail(f"--corpus takes a comma list of {', '.join(corpora)}, got {args.corpus!r}")
     for flag, value in (("--tokens", args.tokens), ("--batch", args.batch), ("--seq-len", args.seq_len),
-                        ("--head-vocab", args.head_vocab)):
+                        ("--head-vocab", args.head_vocab), ("--intermediate", args.intermediate)):
         if value < 1:
             fail(f"{flag} must be at least 1, got {value}")
     if not 0 < args.lr < 1:
         fail(f"--lr must be in (0, 1), got {args.lr}")
+    from verispec.models.kernels import cpu_flags
+
     settings = TrainSettings(seq_len=args.seq_len, tokens=args.tokens, batch=args.batch, lr=args.lr,
-                             budget_s=args.budget)
+                             budget_s=args.budget, bf16="avx512_bf16" in cpu_flags())
     args.device = "cpu"
     resolve_dtype(args)
     default_threads()
