@@ -90,3 +90,35 @@ def test_w4a8_greedy_speculative_equals_plain_on_real_pair():
             spec = generate(target.model, prompt, params, proposer)
             assert spec.token_ids == plain.token_ids, (strategy, tok.decode(plain.token_ids), tok.decode(spec.token_ids))
             assert spec.metrics.rounds < plain.metrics.rounds
+
+
+def test_w4a8_token_trees_equal_plain_on_real_pair():
+    """Wide trees on the real pair: siblings' slots sit between a node's keys, which once rounded its softmax apart
+    from a decoding step's (a near-tie flipped a token); the planned tree too."""
+    from verispec.engine import GenerationParams, generate
+    from verispec.models.kernels import KernelError, w4a8
+    from verispec.models.load import load
+    from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
+    from verispec.proposers.tree import TreeDraftProposer
+    from verispec.theory import TreeShape
+
+    try:
+        w4a8()
+    except KernelError as e:
+        pytest.skip(str(e))
+    target = load(DEFAULT_TARGET, dtype="w4a8", progress=False)
+    draft = load(DEFAULT_DRAFT, dtype="w4a8-4bit", progress=False)
+    tok = target.tokenizer
+    wide = TreeShape.from_paths([(0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)])
+    from verispec.bench.suite import load_prompts
+
+    suite = load_prompts("suite", categories=["code_completion", "math", "translation"], limit=1)
+    for i, item in enumerate(suite):  # (one of these flipped a token before keys were packed)
+        prompt = tok.chat(list(item.messages))
+        params = GenerationParams(max_new_tokens=128, gamma=len(wide), eos_ids=tok.eos_ids)
+        plain = generate(target.model, prompt, GenerationParams(max_new_tokens=128, eos_ids=tok.eos_ids)).token_ids
+        for shape in (wide, None) if i == 0 else (wide,):
+            proposer = TreeDraftProposer(draft.model, len(prompt) + 150, target.model.vocab_size, shape=shape)
+            spec = generate(target.model, prompt, params, proposer)
+            assert spec.token_ids == plain, (item.id, shape, tok.decode(plain), tok.decode(spec.token_ids))
+            assert spec.metrics.accepted > 10
