@@ -65,21 +65,27 @@ def test_rollback_on_real_target_matches_fresh_prefill(models):
     assert set(torch.topk(after, 5).indices.tolist()) == set(torch.topk(fresh, 5).indices.tolist())
 
 
-def test_w4a8_greedy_speculative_equals_plain_on_real_pair():
-    """The fastest precision keeps the greedy identity: w4a8 target, 4-bit draft, draft+ngram and draft rounds.
-    (Skipped where the kernel cannot be built; the first run quantizes both models, about a minute each.)"""
-    from verispec.engine import GenerationParams, generate
+@pytest.fixture(scope="module")
+def w4a8_pair():
+    """The fastest precision: w4a8 target, 4-bit draft (skipped where the kernel cannot be built; the first run
+    quantizes both models, about a minute each)."""
     from verispec.models.kernels import KernelError, w4a8
     from verispec.models.load import load
     from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
-    from verispec.strategies import StrategyOptions, make_proposer
 
     try:
         w4a8()
     except KernelError as e:
         pytest.skip(str(e))
-    target = load(DEFAULT_TARGET, dtype="w4a8", progress=False)
-    draft = load(DEFAULT_DRAFT, dtype="w4a8-4bit", progress=False)
+    return load(DEFAULT_TARGET, dtype="w4a8", progress=False), load(DEFAULT_DRAFT, dtype="w4a8-4bit", progress=False)
+
+
+def test_w4a8_greedy_speculative_equals_plain_on_real_pair(w4a8_pair):
+    """The fastest precision keeps the greedy identity: draft+ngram and draft rounds."""
+    from verispec.engine import GenerationParams, generate
+    from verispec.strategies import StrategyOptions, make_proposer
+
+    target, draft = w4a8_pair
     tok = target.tokenizer
     for text, chat in PROMPTS[:2]:
         prompt = _prompt(tok, text, chat)
@@ -92,26 +98,17 @@ def test_w4a8_greedy_speculative_equals_plain_on_real_pair():
             assert spec.metrics.rounds < plain.metrics.rounds
 
 
-def test_w4a8_token_trees_equal_plain_on_real_pair():
+def test_w4a8_token_trees_equal_plain_on_real_pair(w4a8_pair):
     """Wide trees on the real pair: siblings' slots sit between a node's keys, which once rounded its softmax apart
     from a decoding step's (a near-tie flipped a token); the planned tree too."""
+    from verispec.bench.suite import load_prompts
     from verispec.engine import GenerationParams, generate
-    from verispec.models.kernels import KernelError, w4a8
-    from verispec.models.load import load
-    from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
     from verispec.proposers.tree import TreeDraftProposer
     from verispec.theory import TreeShape
 
-    try:
-        w4a8()
-    except KernelError as e:
-        pytest.skip(str(e))
-    target = load(DEFAULT_TARGET, dtype="w4a8", progress=False)
-    draft = load(DEFAULT_DRAFT, dtype="w4a8-4bit", progress=False)
+    target, draft = w4a8_pair
     tok = target.tokenizer
     wide = TreeShape.from_paths([(0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)])
-    from verispec.bench.suite import load_prompts
-
     suite = load_prompts("suite", categories=["code_completion", "math", "translation"], limit=1)
     for i, item in enumerate(suite):  # (one of these flipped a token before keys were packed)
         prompt = tok.chat(list(item.messages))

@@ -307,10 +307,7 @@ class Batch:
             # pending + the accepted drafts (a tree's path, moved next to each other); the recovered/bonus token is
             # the new pending
             kept = [0] + [1 + node for node in v.path]  # forward positions of pending and the accepted drafts
-            if parents[i] is not None:
-                target.commit_path(i, kept)
-            else:
-                target.commit(i, n + 1)
+            target.commit_path(i, kept)  # a chain's are 0 .. n: nothing moves
             s.pending = emitted[-1]
             if s.proposer is not None:
                 hidden = states[i][kept] if states[i] is not None else None

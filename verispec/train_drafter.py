@@ -82,7 +82,7 @@ def chunks(texts: Iterator[str], encode: Callable[[str], list[int]], seq_len: in
 def cache_features(target: LlamaModel, pieces: Iterator[list[int]], out: Path, settings: TrainSettings,
                    progress: bool = True) -> list[Path]:
     """Write the target's features for every piece into shards out/shard-NNNNN.safetensors (kept if present)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
     from tqdm import tqdm
 
     out.mkdir(parents=True, exist_ok=True)
@@ -123,7 +123,6 @@ def cache_features(target: LlamaModel, pieces: Iterator[list[int]], out: Path, s
     missing = [p for p in shards if not p.is_file()]
     if missing:
         raise ValueError(f"the corpus ran out after {n_shards - len(missing)} of {n_shards} shards: ask for fewer --tokens")
-    load_file(str(shards[0]))  # readable
     return shards
 
 
@@ -234,26 +233,13 @@ def target_head(target: LlamaModel, directory: Path | None, rows: int) -> Tensor
         raise ValueError("the target's LM head is quantized and no model directory was given to read it from")
     from safetensors import safe_open
 
-    for file in sorted(directory.glob("*.safetensors")):
-        if file.name.startswith("verispec-"):
-            continue
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in ("lm_head.weight", "model.embed_tokens.weight"):
-                if name in f.keys() and (name == "lm_head.weight" or not _has(directory, "lm_head.weight")):
+    files = [f for f in sorted(directory.glob("*.safetensors")) if not f.name.startswith("verispec-")]
+    for name in ("lm_head.weight", "model.embed_tokens.weight"):  # a tied head is the embedding table
+        for file in files:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                if name in f.keys():
                     return f.get_slice(name)[:rows].float()
     raise ValueError(f"no LM head in {directory}")
-
-
-def _has(directory: Path, name: str) -> bool:
-    from safetensors import safe_open
-
-    for file in directory.glob("*.safetensors"):
-        if file.name.startswith("verispec-"):
-            continue
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            if name in f.keys():
-                return True
-    return False
 
 
 def log_stderr(msg: str) -> None:

@@ -35,7 +35,7 @@ WEIGHTS = "model.safetensors"
 @dataclass(frozen=True)
 class EagleConfig:
     kind: str  # "eagle"
-    target: str  # the target it was trained for (its directory name), checked at load
+    target: str  # the target it was trained for (its name), for the record; load checks the hidden size
     hidden_size: int
     intermediate_size: int
     num_attention_heads: int
@@ -95,7 +95,8 @@ class EagleDrafter(LlamaModel):
             else:
                 state[f"layers.0.{name}"] = 0.02 * torch.randn(p.shape, generator=gen)
         drafter.load_state_dict(state, strict=False, assign=True)
-        return drafter.share(target).init_rope() or drafter
+        drafter.share(target).init_rope()
+        return drafter
 
     def inputs(self, tokens: Tensor, features: Tensor | None) -> Tensor:
         if features is None:

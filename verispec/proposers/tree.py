@@ -58,11 +58,10 @@ class RowTree:
     pending: list[int]
     hits: list[float]
     chances: list[float]
-    shape: TreeShape | None = None
     paused: int = 0  # rounds in a row decoded plainly because no tree paid
     wait: int = 0  # paused rounds before the next 1-node probe (doubled after each rejected probe)
     probing: bool = False
-    nodes: int = 0  # nodes actually drawn (a sampled node may get fewer children than its shape asks)
+    # the last round's drawn nodes (a sampled node may get fewer children than its shape asks)
     parents: list[int] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)
     fed: list[int] = field(default_factory=list)  # drawn nodes the draft ran, in the order their slots follow pending
@@ -133,7 +132,7 @@ class TreeDraftProposer:
         qs: dict[int, list[Tensor]] = {i: [] for i in live}
         for i in range(len(rows)):
             t = self.rows[rows[i]]
-            t.shape, t.nodes, t.parents, t.ranks, t.fed = shapes.get(i), 0, [], [], []
+            t.parents, t.ranks, t.fed = [], [], []
         base = {i: cache.length(rows[i]) for i in live}
         # Drawn node -> its node in the shape (a sampled node may get fewer children than asked, so drawn nodes are
         # a subset); drawn parents are indices of drawn nodes.
@@ -164,7 +163,6 @@ class TreeDraftProposer:
                                 qs[i].append(kq[rank])
                             if shape.children(shape_node):
                                 to_feed.setdefault(i, []).append(len(tokens[i]) - 1)
-                    t.nodes = len(tokens[i])
                 live = [i for i in live if i in to_feed]
                 if not live:
                     break
@@ -219,7 +217,7 @@ class TreeDraftProposer:
         was emitted becomes pending. Count, at each node the path passed through, which rank was accepted."""
         t = self.rows[row]
         path = outcome.path or []
-        if t.nodes:
+        if t.parents:
             fed_at = {node: k for k, node in enumerate(t.fed)}
             kept = [node for node in path if node in fed_at]
             assert kept == path[: len(kept)], (path, t.fed)
@@ -229,7 +227,7 @@ class TreeDraftProposer:
             self._count(t, path)
         else:
             t.pending = t.pending + outcome.emitted
-        t.shape, t.nodes, t.parents, t.ranks, t.fed = None, 0, [], [], []
+        t.parents, t.ranks, t.fed = [], [], []
 
     def _count(self, t: RowTree, path: list[int]) -> None:
         if t.probing:
