@@ -172,7 +172,7 @@ def sse(lines: Iterator[str]) -> list:
     return out
 
 
-PROMPTS = ["x ( a ) :", "if x = 1 :", "for a in b :", "print ( y + 2 )", "return a + b", "else : x = y"]
+PROMPTS = ["x ( a ) :", "if x = 1 :", "for a in b :", "print ( a + 2 )", "return a + b", "else : x = y"]
 
 
 # ---- outputs equal the engine --------------------------------------------------------------------------------

@@ -198,7 +198,8 @@ def load_models(args: argparse.Namespace, strategies: list[str], progress: bool)
     target = load(args.target, dtype=args.dtype, device=args.device, progress=progress)
     draft = None
     if need_draft:
-        draft = load(args.draft, dtype=draft_dtype_of(args), device=args.device, progress=progress)
+        draft = load(args.draft, dtype=draft_dtype_of(args), device=args.device, progress=progress,
+                     tokenizer_like=target.tokenizer)
         check_pair(target, draft)
         if args.draft_vocab is not None:
             from verispec.models.quant import truncate_head

@@ -127,11 +127,11 @@ class EagleDrafter(LlamaModel):
         return {k: v for k, v in self.state_dict().items() if not k.startswith(("embed.", "norm."))}
 
     def save(self, directory: Path) -> None:
-        from safetensors.torch import save_file
+        from verispec.models.files import write_safetensors
 
         directory.mkdir(parents=True, exist_ok=True)
         tmp = directory / (WEIGHTS + ".tmp")
-        save_file({k: v.detach().contiguous() for k, v in self.own_state().items()}, str(tmp))
+        write_safetensors(tmp, {k: v.detach() for k, v in self.own_state().items()})
         tmp.replace(directory / WEIGHTS)
         (directory / CONFIG).write_text(json.dumps(asdict(self.eagle), indent=2) + "\n")
 

@@ -159,8 +159,9 @@ def attention(mask: Tensor | None, batch: int, kv_dtype: torch.dtype, device: to
 
 
 def rope_tables(head_dim: int, max_len: int, theta: float) -> tuple[Tensor, Tensor]:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    freqs = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
+    cpu = torch.device("cpu")  # also when a model is built under torch.device("meta"), where ops cost imports
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=cpu) / head_dim))
+    freqs = torch.outer(torch.arange(max_len, dtype=torch.float64, device=cpu), inv_freq)
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos().float(), emb.sin().float()
 
@@ -249,7 +250,9 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.vocab_size = cfg.vocab_size
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # no random init: every caller loads or draws the weights (and on the meta device torch's init would
+        # import its Python decompositions, 1.3 s of every start)
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -257,7 +260,8 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.register_buffer("cos", None, persistent=False)
         self.register_buffer("sin", None, persistent=False)
-        self.init_rope()
+        if not torch.empty(()).is_meta:  # on the meta device the loader computes them once the weights are in
+            self.init_rope()
 
     def init_rope(self) -> None:
         """Compute the rope tables; also needed after the model was built on the meta device."""

@@ -94,10 +94,11 @@ def _load_random(spec: str, dtype: torch.dtype, device: str) -> LoadedModel:
     return LoadedModel(model=model.to(device), tokenizer=tokenizer, path=path, name=spec)
 
 
-def load(spec: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu", progress: bool = True) -> LoadedModel:
+def load(spec: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu", progress: bool = True,
+         tokenizer_like: Tokenizer | None = None) -> LoadedModel:
     """dtype: bfloat16 | float32, or int8 | int4 (weight-only quantized linears, bfloat16 activations; native
     models). spec: a packaged name, a .gguf file, a Hugging Face directory, or random:DIR (DIR's shapes, random
-    weights)."""
+    weights). tokenizer_like: the other model's tokenizer, shared where both read the same tokenizer.json."""
     quantized = dtype if dtype in QUANTIZED else None
     torch_dtype = torch.bfloat16 if quantized else DTYPES[dtype] if isinstance(dtype, str) else dtype
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -144,7 +145,7 @@ def load(spec: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu
     except (ValueError, KeyError, FileNotFoundError, OSError) as e:
         raise ModelError(f"cannot load model from {path}: {e}") from e
     try:
-        tokenizer = Tokenizer.from_dir(path)
+        tokenizer = Tokenizer.from_dir(path, like=tokenizer_like)
     except Exception as e:  # transformers raises many types for a broken tokenizer
         raise ModelError(f"cannot load the tokenizer in {path}: {e}") from e
     return LoadedModel(model=model, tokenizer=tokenizer, path=path, name=spec)
@@ -153,6 +154,18 @@ def load(spec: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu
 def check_pair(target: LoadedModel, draft: LoadedModel) -> None:
     """The draft must speak the target's vocabulary: same token strings for every id both define (the
     models' embedding tables may be padded differently) and the same end-of-sequence tokens."""
+    if target.tokenizer.backend is not draft.tokenizer.backend:  # one tokenizer.json (load's tokenizer_like)
+        _check_vocab(target, draft)
+    if set(target.tokenizer.eos_ids) != set(draft.tokenizer.eos_ids):
+        raise ModelError(
+            f"incompatible pair: end-of-sequence tokens differ (target {target.tokenizer.eos_ids}, "
+            f"draft {draft.tokenizer.eos_ids})"
+        )
+    if draft.model.vocab_size < len(target.tokenizer):
+        raise ModelError("incompatible pair: the draft's output layer is smaller than the shared vocabulary")
+
+
+def _check_vocab(target: LoadedModel, draft: LoadedModel) -> None:
     tv, dv = target.tokenizer.vocab(), draft.tokenizer.vocab()
     t_by_id = {i: s for s, i in tv.items()}
     d_by_id = {i: s for s, i in dv.items()}
@@ -165,13 +178,6 @@ def check_pair(target: LoadedModel, draft: LoadedModel) -> None:
             f"incompatible pair: the draft's vocabulary differs from the target's in {len(differing) + only} "
             f"tokens{example}; speculative decoding needs one shared tokenizer"
         )
-    if set(target.tokenizer.eos_ids) != set(draft.tokenizer.eos_ids):
-        raise ModelError(
-            f"incompatible pair: end-of-sequence tokens differ (target {target.tokenizer.eos_ids}, "
-            f"draft {draft.tokenizer.eos_ids})"
-        )
-    if draft.model.vocab_size < len(target.tokenizer):
-        raise ModelError("incompatible pair: the draft's output layer is smaller than the shared vocabulary")
 
 
 def default_threads() -> None:

@@ -170,21 +170,23 @@ class W4A8Linear(nn.Module):
         super().__init__()
         n, k = linear.out_features, linear.in_features
         np_, kp = -(-n // 16) * 16, -(-k // 32) * 32  # the kernel's tiles; only tiny test models need the padding
-        meta = linear.weight.device.type == "meta"
-        w = torch.nn.functional.pad(linear.weight.detach().float(), (0, kp - k, 0, np_ - n))
         self.bits = bits or 4  # on the meta device the cached weights' shapes decide (_load_from_state_dict)
-        if meta:
-            q = torch.empty(np_, kp, dtype=torch.uint8, device="meta")
-            s = o = torch.empty(np_, kp // 32, dtype=torch.half, device="meta")
+        if linear.weight.device.type == "meta":  # shapes only (ops on meta tensors import torch's decompositions)
+            packed = torch.empty(np_ // 16, kp // 8, 64, dtype=torch.uint8, device="meta")
+            s = o = torch.empty(np_ // 16, kp // 32, 16, dtype=torch.half, device="meta")
+            bias = None if linear.bias is None else torch.empty(np_, device="meta")
         else:
+            w = torch.nn.functional.pad(linear.weight.detach().float(), (0, kp - k, 0, np_ - n))
             q, s, o = affine_groups(w, 2**self.bits - 1)
             if bits is None and not grid_holds(w, q, s, o):  # a matrix that a 4-bit grid would coarsen
                 self.bits = 6
                 q, s, o = affine_groups(w, 63)
-        self.register_buffer("weight", self.pack(q, self.bits))
-        self.register_buffer("scales", s.reshape(np_ // 16, 16, kp // 32).transpose(1, 2).contiguous())
-        self.register_buffer("offsets", o.reshape(np_ // 16, 16, kp // 32).transpose(1, 2).contiguous())
-        bias = None if linear.bias is None else torch.nn.functional.pad(linear.bias.detach().float(), (0, np_ - n))
+            packed = self.pack(q, self.bits)
+            s, o = (t.reshape(np_ // 16, 16, kp // 32).transpose(1, 2).contiguous() for t in (s, o))
+            bias = None if linear.bias is None else torch.nn.functional.pad(linear.bias.detach().float(), (0, np_ - n))
+        self.register_buffer("weight", packed)
+        self.register_buffer("scales", s)
+        self.register_buffer("offsets", o)
         self.register_buffer("bias", bias)
         self.in_features, self.out_features, self._padded = k, n, (kp, np_)
 
@@ -289,7 +291,7 @@ def cache_file(kind: str) -> str:
 def load_quantized_llama(path: Path, kind: str = "int8", dtype: torch.dtype = torch.bfloat16) -> "LlamaModel":
     """A native model with quantized linears, from `path`'s cached quantized weights when present (quantizing
     costs seconds per start), else quantized now and cached when the directory is writable."""
-    from verispec.models.files import read_safetensors
+    from verispec.models.files import aligned_safetensors, read_safetensors
     from verispec.models.llama import LlamaConfig, LlamaModel
 
     if kind in ("w8a8", "w4a8", "w4a8-4bit"):
@@ -299,10 +301,11 @@ def load_quantized_llama(path: Path, kind: str = "int8", dtype: torch.dtype = to
         cfg = LlamaConfig.from_hf(json.loads((path / "config.json").read_text()))
         with torch.device("meta"):
             model = quantize(LlamaModel(cfg).to(dtype), kind)
-        # each tensor in its own aligned allocation (the kernels' vector loads need it), read without a mapping
+        # mapped: every tensor a 64-byte aligned view of the page cache (the kernels' vector loads need it)
         model.load_state_dict(read_safetensors(cached), strict=True, assign=True)
         model.init_rope()
-        if compact_embedding(model):  # a cache written before tables were kept in bf16: rewrite it once
+        # a cache written before tables were kept in bf16, or before tensors were aligned: rewrite it once
+        if compact_embedding(model) or not aligned_safetensors(cached):
             _save(model, cached)
         return _packed(model.eval())
     import sys
@@ -315,12 +318,11 @@ def load_quantized_llama(path: Path, kind: str = "int8", dtype: torch.dtype = to
 
 def _save(model: nn.Module, cached: Path) -> None:
     """Write the quantized model's cache file atomically; a read-only model directory just goes without."""
-    from safetensors.torch import save_file
+    from verispec.models.files import write_safetensors
 
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
     tmp = cached.with_suffix(".tmp")
     try:
-        save_file(state, str(tmp))
+        write_safetensors(tmp, model.state_dict())
         os.replace(tmp, cached)
     except OSError:
         tmp.unlink(missing_ok=True)

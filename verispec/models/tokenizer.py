@@ -2,52 +2,102 @@
 
 from __future__ import annotations
 
+import filecmp
+import json
 import re
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 
 class Tokenizer:
-    """A thin wrapper over a Hugging Face fast tokenizer loaded from a model directory."""
+    """A Hugging Face tokenizer: its Rust backend encodes and decodes; transformers' tokenizer object is loaded
+    only when a chat template must be rendered (importing transformers and building its tokenizer cost ~2 s of
+    every start)."""
 
-    def __init__(self, hf: Any) -> None:
-        self.hf = hf
-        eos = {hf.eos_token_id} if hf.eos_token_id is not None else set()
+    def __init__(self, backend: Any, *, eos_token: str | None, unk_token: str | None,
+                 load_hf: Callable[[], Any], file: Path | None = None) -> None:
+        self.backend = backend  # a tokenizers.Tokenizer
+        self.file = file  # the tokenizer.json it was read from, if any
+        self._load_hf = load_hf
+        self.unk_id = backend.token_to_id(unk_token) if unk_token else None
+        eos = {backend.token_to_id(eos_token)} if eos_token else set()
         # Chat models end a turn with their own token (Qwen: <|im_end|>) besides the document end.
         for name in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>"):
-            tid = hf.convert_tokens_to_ids(name)
-            if isinstance(tid, int) and tid != hf.unk_token_id and tid is not None:
+            tid = backend.token_to_id(name)
+            if tid is not None and tid != self.unk_id:
                 eos.add(tid)
+        eos.discard(None)
         self.eos_ids: tuple[int, ...] = tuple(sorted(eos))
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "Tokenizer":
-        from transformers import AutoTokenizer
+    def from_hf(cls, hf: Any) -> "Tokenizer":
+        """Wrap a loaded transformers fast tokenizer."""
+        return cls(hf.backend_tokenizer, eos_token=hf.eos_token, unk_token=hf.unk_token, load_hf=lambda: hf)
 
-        return cls(AutoTokenizer.from_pretrained(str(path)))
+    @classmethod
+    def from_dir(cls, path: str | Path, like: "Tokenizer | None" = None) -> "Tokenizer":
+        """A model directory's tokenizer: straight from its tokenizer.json where transformers would decode that
+        file's output unchanged, else through transformers. `like`: a tokenizer already loaded whose backend is
+        reused when its tokenizer.json has the same bytes (a pair of one family: 0.4 s of start-up)."""
+        path = Path(path)
+
+        def load_hf() -> Any:
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(str(path))
+
+        config = _read_json(path / "tokenizer_config.json")
+        if (path / "tokenizer.json").is_file():
+            from tokenizers import Tokenizer as Backend
+
+            file = path / "tokenizer.json"
+            same = like is not None and like.file is not None and filecmp.cmp(like.file, file, shallow=False)
+            backend = like.backend if same else Backend.from_file(str(file))
+            # transformers' decode cleans up spaces when asked, except for BPE models: only then does it differ
+            if not config.get("clean_up_tokenization_spaces") or type(backend.model).__name__ == "BPE":
+                special = _read_json(path / "special_tokens_map.json")
+                return cls(backend, eos_token=_token(config, special, "eos_token"),
+                           unk_token=_token(config, special, "unk_token"), load_hf=load_hf,
+                           file=file)
+        return cls.from_hf(load_hf())
+
+    @cached_property
+    def hf(self) -> Any:
+        """transformers' tokenizer (for chat templates), loaded on first use."""
+        return self._load_hf()
 
     def __len__(self) -> int:
-        return len(self.hf)
+        return self.backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, *, special: bool = True) -> list[int]:
         """Token ids of `text`. special=False: text that spells a control token (e.g. "<|im_end|>") is encoded as
         the plain text it is, never as that token (ValueError where this tokenizer cannot)."""
         if special or not self._spells_control(text):
-            return self.hf.encode(text, add_special_tokens=False)
+            return self._encode(text)
         return self._plain(text)
+
+    def _encode(self, text: str, split_special: bool = False) -> list[int]:
+        if not split_special:
+            return self.backend.encode(text, add_special_tokens=False).ids
+        self.backend.encode_special_tokens = True  # text that spells a control token stays text
+        try:
+            return self.backend.encode(text, add_special_tokens=False).ids
+        finally:
+            self.backend.encode_special_tokens = False
 
     @cached_property
     def controls(self) -> dict[str, int]:
         """The control tokens (special added tokens, <unk> aside) by their text: only a chat template inserts them."""
-        return {t.content: i for i, t in self.hf.added_tokens_decoder.items()
-                if t.special and i != self.hf.unk_token_id}
+        return {t.content: i for i, t in self.backend.get_added_tokens_decoder().items()
+                if t.special and i != self.unk_id}
 
     def _spells_control(self, text: str) -> bool:
         return any(c in text for c in self.controls)
 
     def _plain(self, text: str) -> list[int]:
-        ids = self.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
+        ids = self._encode(text, split_special=True)
         made = [i for i in ids if i in self.controls.values()]
         if made:
             name = next(c for c, i in self.controls.items() if i == made[0])
@@ -56,7 +106,7 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: list[int]) -> str:
-        return self.hf.decode(ids, skip_special_tokens=True)
+        return self.backend.decode(ids, skip_special_tokens=True)
 
     @property
     def has_chat_template(self) -> bool:
@@ -73,7 +123,7 @@ class Tokenizer:
             raise ValueError("this model has no chat template")
         text = self._render(messages)
         if not any(self._spells_control(m["content"]) for m in messages):
-            return self.hf.encode(text, add_special_tokens=False)  # the common case: exactly the template's tokens
+            return self._encode(text)  # the common case: exactly the template's tokens
         return self._chat_protected(messages, text)
 
     def _render(self, messages: list[dict[str, str]]) -> str:
@@ -104,7 +154,20 @@ class Tokenizer:
         return ids + self._plain(run)
 
     def vocab(self) -> dict[str, int]:
-        return self.hf.get_vocab()
+        return self.backend.get_vocab(with_added_tokens=True)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def _token(config: dict[str, Any], special: dict[str, Any], key: str) -> str | None:
+    """A special token's text from tokenizer_config.json (or special_tokens_map.json): a string or {"content"}."""
+    value = config.get(key, special.get(key))
+    return value.get("content") if isinstance(value, dict) else value
 
 
 class TextStream:
