@@ -106,6 +106,9 @@ def build_scheduler(models: Models, settings: ServerSettings, metrics: ServerMet
 
     scheduler = Scheduler(target.model, target.tokenizer, proposer_for, config, metrics)
     scheduler.proposer(settings.strategy)  # the default strategy is built (and its options checked) at start-up
+    # the chat template renders through transformers' tokenizer, loaded on first use: load it now, not inside
+    # the first chat request (which would hold the tokenizer lock for ~2 s while other rows wait to decode)
+    target.tokenizer.has_chat_template  # noqa: B018 - loads it
     return scheduler
 
 
