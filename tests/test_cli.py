@@ -233,7 +233,7 @@ def test_a_flag_that_does_nothing_is_refused(capsys, args, needle):
     assert len(lines) == 1 and needle in lines[0], err
 
 
-def test_strategy_flags_are_accepted_by_the_strategies_that_read_them(capsys):
+def test_strategy_flags_are_accepted_by_the_strategies_that_read_them(capsys, tmp_path):
     from verispec.cli import build_parser
     from verispec.cli.options import STRATEGY_FLAGS, strategy_options
     from verispec.strategies import STRATEGIES
@@ -241,9 +241,15 @@ def test_strategy_flags_are_accepted_by_the_strategies_that_read_them(capsys):
     for flag, (field, readers) in STRATEGY_FLAGS.items():
         for strategy in readers:
             assert strategy in STRATEGIES
-            value = {"--draft-confidence": "0.5", "--drafter": "dir"}.get(flag, "2")
-            args = build_parser().parse_args(["generate", "hi", "--strategy", strategy, flag, value])
-            want = value if flag == "--drafter" else float(value)
+            value = {"--draft-confidence": "0.5", "--medusa-tree": "2,1"}.get(flag, "2")
+            drafter = tmp_path / strategy  # a directory holding a drafter of the strategy's kind
+            drafter.mkdir(exist_ok=True)
+            (drafter / "config.json").write_text(json.dumps({"kind": strategy}))
+            extra = ["--drafter", str(drafter)] if strategy in ("eagle", "medusa") and flag != "--drafter" else []
+            if flag == "--drafter":
+                value = str(drafter)
+            args = build_parser().parse_args(["generate", "hi", "--strategy", strategy, flag, value, *extra])
+            want = (value,) if flag == "--drafter" else (2, 1) if flag == "--medusa-tree" else float(value)
             assert getattr(strategy_options(args, [strategy]), field) == want
     args = build_parser().parse_args(["bench", "--strategies", "ar,lookahead", "--window", "3"])
     assert strategy_options(args, ["ar", "lookahead"]).lookahead_window == 3

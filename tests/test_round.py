@@ -42,13 +42,17 @@ OPTIONS = strategies.StrategyOptions(layerskip_layers=1, lookahead_window=3)
 
 @pytest.fixture(scope="module", autouse=True)
 def _eagle_drafter(wide_target, tmp_path_factory):
-    """OPTIONS name an EAGLE drafter for wide_target (untrained: these tests are about the round, not acceptance)."""
+    """OPTIONS name an EAGLE drafter and Medusa heads for wide_target (untrained: these tests are about the round,
+    not acceptance)."""
     global OPTIONS
     from verispec.models.eagle import EagleConfig, EagleDrafter
+    from verispec.models.medusa import MedusaConfig, MedusaHeads
 
     path = tmp_path_factory.mktemp("eagle")
     EagleDrafter.fresh(EagleConfig.for_target(wide_target, "wide"), wide_target, wide_target.lm_head.weight).save(path)
-    before, OPTIONS = OPTIONS, dataclasses.replace(OPTIONS, drafter=str(path))
+    heads = tmp_path_factory.mktemp("medusa")
+    MedusaHeads.fresh(MedusaConfig.for_target(wide_target, "wide"), wide_target, wide_target.lm_head.weight).save(heads)
+    before, OPTIONS = OPTIONS, dataclasses.replace(OPTIONS, drafter=(str(path), str(heads)))
     yield
     OPTIONS = before
 
@@ -146,7 +150,8 @@ def test_mixed_rows_keep_each_rows_law(tiny_target, tiny_draft):
         assert v.passes, (c, v)
 
 
-@pytest.mark.parametrize("broken", [residual_is_p, bonus_replaces_last_draft])
+@pytest.mark.parametrize("broken", [residual_is_p,
+                                    pytest.param(bonus_replaces_last_draft, marks=pytest.mark.slow)])  # 16 s
 def test_broken_verifiers_fail_through_the_batched_round(tiny_target, tiny_draft, broken):
     """The check has power on the path the server runs: a broken chain rule passed to the round is rejected on
     every row, whatever its strategy (measured: TV 0.11-0.43 against thresholds 0.09-0.15, chi-square p < 1e-14)."""

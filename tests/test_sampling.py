@@ -205,3 +205,15 @@ def test_a_top_p_below_the_dtypes_range_keeps_the_top_token():
     for top_p in (1e-300, 5e-324):
         probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=top_p))
         assert torch.equal(probs, torch.tensor([[0.0, 1.0, 0.0]]))
+
+
+def test_probs_over_a_truncated_head_equal_probs_over_the_padded_vocabulary():
+    """A drafter whose head covers the first V' ids: q computed over V' and padded with zeros is the q of its
+    logits padded with -inf (what verification reads), for every sampling transform."""
+    from verispec.proposers.draft_model import probs_on_vocab, to_vocab
+
+    logits = 3 * torch.randn(2, 20, generator=torch.Generator().manual_seed(0))
+    for params in (SamplingParams(), SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9),
+                   SamplingParams(temperature=1.3, top_k=5), SamplingParams(temperature=0.5, top_k=25, top_p=0.5)):
+        torch.testing.assert_close(probs_on_vocab(logits, params, 30), logits_to_probs(to_vocab(logits, 30), params),
+                                   rtol=0, atol=1e-7)

@@ -288,14 +288,16 @@ def test_draft_per_request_gives_the_same_greedy_output(models):
 
 @pytest.fixture(scope="module")
 def eagle_options(models, tmp_path_factory) -> StrategyOptions:
-    """An EAGLE drafter directory for the tiny target (untrained: the server runs the strategy; its acceptance is
-    tests/test_eagle.py's business)."""
+    """An EAGLE drafter and Medusa heads directory for the tiny target (untrained: the server runs the strategies;
+    their acceptance is tests/test_eagle.py's and tests/test_medusa.py's business)."""
     from verispec.models.eagle import EagleConfig, EagleDrafter
+    from verispec.models.medusa import MedusaConfig, MedusaHeads
 
-    path = tmp_path_factory.mktemp("eagle")
+    path, heads = tmp_path_factory.mktemp("eagle"), tmp_path_factory.mktemp("medusa")
     m = models.target.model
     EagleDrafter.fresh(EagleConfig.for_target(m, "tiny"), m, m.lm_head.weight).save(path)
-    return StrategyOptions(drafter=str(path))
+    MedusaHeads.fresh(MedusaConfig.for_target(m, "tiny"), m, m.lm_head.weight).save(heads)
+    return StrategyOptions(drafter=(str(path), str(heads)))
 
 
 def strategy_reference(models: Models, strategy: str, prompt: list[int], max_tokens: int, gamma: int,
@@ -344,9 +346,11 @@ def test_every_strategy_in_one_batch_equals_generate(models, clients, eagle_opti
 
 
 def test_unknown_or_impossible_strategy_is_400(client, models):
-    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "strategy": "medusa"})
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "strategy": "beam"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "strategy"
     assert "unknown strategy" in r.json()["error"]["message"]
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "strategy": "medusa"})
+    assert r.status_code == 400 and "needs --drafter" in r.json()["error"]["message"], r.text
     no_draft = Models(models.target, None)
     with live(create_app(settings(strategy="ngram"), models=no_draft)) as base:
         r = httpx.post(f"{base}/v1/completions", json={"model": MODEL, "prompt": "x", "strategy": "draft"})

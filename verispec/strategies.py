@@ -23,6 +23,7 @@ from verispec.proposers.adaptive import AdaptiveGammaProposer
 from verispec.proposers.base import PerRow, Proposer
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.eagle import EagleProposer
+from verispec.proposers.medusa import MedusaProposer
 from verispec.proposers.layerskip import LayerSkipProposer, load_calibration, model_id
 from verispec.proposers.lookahead import LookaheadProposer
 from verispec.proposers.mix import DraftNgramProposer
@@ -44,7 +45,8 @@ class StrategyOptions:
     lookahead_ngram: int = 3  # N: n-gram size (window levels + 1)
     lookahead_candidates: int = 5  # G: pool continuations kept per first token
     draft_confidence: float | None = None  # stop drafting below this draft probability; None: the strategy's default
-    drafter: str | None = None  # eagle: a drafter directory (`verispec train-drafter`)
+    drafter: tuple[str, ...] = ()  # drafter directories (`verispec train-drafter`): eagle and medusa use their kind's
+    medusa_tree: tuple[int, ...] = ()  # medusa: children per node at each depth (a token tree); () a chain
 
 
 ADAPTIVE_CONFIDENCE = 0.3  # adaptive's default confidence stop
@@ -127,15 +129,51 @@ def _auto(target: LoadedModel, draft: LoadedModel | None, size: Size, options: S
     return DraftNgramProposer(adaptive, options.ngram_max, min_match=least)
 
 
+def drafter_dir(options: StrategyOptions, kind: str) -> str:
+    """The --drafter directory holding a `kind` drafter (its config.json says which)."""
+    import json
+    from pathlib import Path
+
+    make = f"make one with `verispec train-drafter --kind {kind}`"
+    if not options.drafter:
+        raise ValueError(f"strategy {kind!r} needs --drafter DIR ({make})")
+    kinds = {}
+    for d in options.drafter:
+        try:
+            kinds[d] = json.loads((Path(d).expanduser() / "config.json").read_text()).get("kind")
+        except (OSError, ValueError, AttributeError) as e:
+            raise ValueError(f"--drafter {d} is not a drafter directory (config.json: {e})") from None
+    found = [d for d, k in kinds.items() if k == kind]
+    if not found:
+        raise ValueError(f"strategy {kind!r}: no --drafter directory holds a {kind} drafter "
+                         f"({', '.join(f'{d}: {k}' for d, k in kinds.items())}; {make})")
+    return found[0]
+
+
+def check_options(name: str, options: StrategyOptions) -> None:
+    """ValueError (what to pass) where strategy `name` cannot run with these options: checked before a model loads
+    (the CLI) or a request is queued (the server)."""
+    if name in ("eagle", "medusa"):
+        drafter_dir(options, name)
+
+
 def _eagle(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
     """The EAGLE drafter of --drafter over the target's own features; on the target's kernel where it runs one."""
     from verispec.models.eagle import load_drafter
 
     model = _native(target, "eagle")
-    if options.drafter is None:
-        raise ValueError("strategy 'eagle' needs --drafter DIR (make one with `verispec train-drafter --kind eagle`)")
-    drafter = load_drafter(options.drafter, model, quantize_kind="w4a8-4bit" if _w4a8(model) else None)
+    drafter = load_drafter(drafter_dir(options, "eagle"), model, quantize_kind="w4a8-4bit" if _w4a8(model) else None)
     return EagleProposer(drafter, size.max_len, model.vocab_size, rows=size.rows, max_gamma=size.max_gamma)
+
+
+def _medusa(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
+    """Medusa heads of --drafter on the target's own features; the shared head on the target's kernel where it
+    runs one."""
+    from verispec.models.medusa import load_heads
+
+    model = _native(target, "medusa")
+    heads = load_heads(drafter_dir(options, "medusa"), model, quantize_kind="w4a8-4bit" if _w4a8(model) else None)
+    return MedusaProposer(heads, model.vocab_size, widths=options.medusa_tree)
 
 
 def _prices(target: LoadedModel, draft: LoadedModel | None) -> tuple[float, VerifyCost]:
@@ -188,6 +226,8 @@ STRATEGIES: dict[str, Strategy] = {
                  "verification costs", _tree),
         Strategy("eagle", False, "an EAGLE feature-level drafter trained for the target (--drafter DIR): one layer "
                  "over the target's own features, no draft model", _eagle),
+        Strategy("medusa", False, "Medusa heads trained for the target (--drafter DIR): a round's whole chain (up to "
+                 "the heads' count) guessed at once from the target's last feature, no draft model", _medusa),
     ]
 }
 

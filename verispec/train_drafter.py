@@ -1,4 +1,4 @@
-"""Training an EAGLE drafter for a target on this machine, by self-distillation.
+"""Training a feature-level drafter (EAGLE, or Medusa heads) for a target on this machine, by self-distillation.
 
 1. Features, once: the target (as it runs, e.g. w4a8) reads chunks of a corpus (by default the Python standard
    library's own source files, present on every machine) and its last-block outputs h_t are stored with the tokens
@@ -8,6 +8,8 @@
    against the target's own (the same head on the true feature: self-distillation, no labels needed), with a time
    budget, checkpoints (OUT/train-state.pt) and resume. Validation: how often the drafter's first guess is the
    target's argmax, the acceptance of a greedy first draft token.
+   Medusa heads (medusa_losses) train on the same shards: head k at h_t is fitted to the target's own distribution
+   of token t+2+k (its head on the true feature h_t+1+k), the deeper heads weighted less (0.8^k).
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ from torch import Tensor
 
 from verispec.models.eagle import EagleDrafter
 from verispec.models.llama import LlamaModel
+from verispec.models.medusa import MedusaHeads
 
 Log = Callable[[str], None]
+Drafter = EagleDrafter | MedusaHeads
+LossFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (tokens, features) -> (loss, first-token agreement)
 
 
 @dataclass(frozen=True)
@@ -141,12 +146,44 @@ def losses(drafter: EagleDrafter, head: Tensor, tokens: Tensor, features: Tensor
     return reg + cls_weight * cls, reg, agree
 
 
-def train(drafter: EagleDrafter, head: Tensor, shards: list[Path], out: Path, settings: TrainSettings,
+def medusa_losses(heads: MedusaHeads, head: Tensor, features: Tensor, decay: float = 0.8) -> tuple[Tensor, Tensor]:
+    """(loss, head 0's agreement): head k at h_t against the target's distribution of token t+2+k, which is its
+    own head on the true feature h_t+1+k; positions whose k-th target lies past the sequence are left out."""
+    k_max = heads.medusa.heads
+    t = features.shape[1] - 1 - k_max  # positions every head has a target for
+    if t < 1:
+        raise ValueError(f"sequences of {features.shape[1]} tokens are too short for {k_max} heads")
+    student = heads(features[:, :t].float())  # [B, t, K, V']
+    with torch.no_grad():
+        teacher = F.linear(heads.norm(features[:, 1:].float()), head)  # [B, T-1, V']: token s+2 from h_s+1
+    loss = student.new_zeros(())
+    for k in range(k_max):
+        p = teacher[:, k : k + t].softmax(-1)
+        loss = loss + decay**k * -(p * student[:, :, k].log_softmax(-1)).sum(-1).mean()
+    agree = (student[:, :, 0].argmax(-1) == teacher[:, :t].argmax(-1)).float().mean()
+    return loss, agree
+
+
+def loss_fn(drafter: Drafter, settings: TrainSettings) -> LossFn:
+    """The drafter's training loss over (tokens, features) batches, against its own (frozen) head rows."""
+    head = drafter.lm_head.weight.detach()
+    if isinstance(drafter, MedusaHeads):
+        return lambda tokens, features: medusa_losses(drafter, head, features)
+
+    def eagle(tokens: Tensor, features: Tensor) -> tuple[Tensor, Tensor]:
+        loss, _, agree = losses(drafter, head, tokens, features, settings.cls_weight)
+        return loss, agree
+
+    return eagle
+
+
+def train(drafter: Drafter, shards: list[Path], out: Path, settings: TrainSettings,
           log: Log, progress: bool = True) -> dict[str, float]:
     """Fit the drafter's own weights on shards[:-1], validate on shards[-1]; save to `out` as it goes."""
     from safetensors.torch import load_file
     from tqdm import tqdm
 
+    objective = loss_fn(drafter, settings)
     params = [p for n, p in drafter.named_parameters() if not n.startswith(("embed.", "norm.", "lm_head."))]
     for n, p in drafter.named_parameters():
         p.requires_grad_(not n.startswith(("embed.", "norm.", "lm_head.")))
@@ -170,8 +207,8 @@ def train(drafter: EagleDrafter, head: Tensor, shards: list[Path], out: Path, se
         with torch.no_grad():
             for i in range(0, val["tokens"].shape[0], settings.batch):
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
-                    agree.append(float(losses(drafter, head, val["tokens"][i : i + settings.batch],
-                                              val["features"][i : i + settings.batch], settings.cls_weight)[2]))
+                    agree.append(float(objective(val["tokens"][i : i + settings.batch],
+                                                 val["features"][i : i + settings.batch])[1]))
         drafter.train()
         return sum(agree) / len(agree)
 
@@ -188,7 +225,7 @@ def train(drafter: EagleDrafter, head: Tensor, shards: list[Path], out: Path, se
         for group in opt.param_groups:
             group["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
-            loss, reg, agree = losses(drafter, head, tokens[pick], features[pick], settings.cls_weight)
+            loss, agree = objective(tokens[pick], features[pick])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
@@ -216,7 +253,7 @@ def train(drafter: EagleDrafter, head: Tensor, shards: list[Path], out: Path, se
     return {"steps": step, "seconds": used, "validation_agreement": score, "initial_agreement": first}
 
 
-def _checkpoint(drafter: EagleDrafter, opt: torch.optim.Optimizer, step: int, used: float, out: Path) -> None:
+def _checkpoint(drafter: Drafter, opt: torch.optim.Optimizer, step: int, used: float, out: Path) -> None:
     drafter.save(out)
     tmp = out / "train-state.pt.tmp"
     torch.save({"optimizer": opt.state_dict(), "step": step, "seconds": used}, tmp)

@@ -12,7 +12,7 @@ import sys
 
 from verispec.cli.common import fail, finite
 from verispec.defaults import DEFAULT_DEVICE, DEFAULT_DTYPE, default_draft_dtype, default_dtype, default_gamma, describe
-from verispec.strategies import STRATEGIES, StrategyOptions, get
+from verispec.strategies import STRATEGIES, StrategyOptions, check_options, get
 
 __all__ = [
     "DTYPE_CHOICES", "STRATEGY_FLAGS", "add_gamma_argument", "add_model_options", "add_strategy_argument",
@@ -31,7 +31,8 @@ STRATEGY_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "--window": ("lookahead_window", ("lookahead",)),
     "--lookahead-ngram": ("lookahead_ngram", ("lookahead",)),
     "--lookahead-candidates": ("lookahead_candidates", ("lookahead",)),
-    "--drafter": ("drafter", ("eagle",)),
+    "--drafter": ("drafter", ("eagle", "medusa")),
+    "--medusa-tree": ("medusa_tree", ("medusa",)),
 }
 
 
@@ -144,8 +145,22 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                    help=f"lookahead: n-gram size N, window levels + 1 (default: {d.lookahead_ngram})")
     p.add_argument("--lookahead-candidates", type=int, default=None,
                    help=f"lookahead: pool n-grams kept per first token, G (default: {d.lookahead_candidates})")
-    p.add_argument("--drafter", default=None, metavar="DIR",
-                   help="eagle: the drafter directory `verispec train-drafter --kind eagle` wrote for this target")
+    p.add_argument("--drafter", default=None, metavar="DIR", action="append",
+                   help="eagle, medusa: a drafter directory `verispec train-drafter` wrote for this target (give one "
+                        "of each kind to run both; each strategy takes the one of its kind)")
+    p.add_argument("--medusa-tree", default=None, metavar="W1,W2,..", type=_widths,
+                   help="medusa: a token tree, each node at depth d getting W_d+1 children from head d (its top "
+                        "choices), up to --gamma nodes (default: a chain, 1,1,1,1)")
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    try:
+        widths = tuple(int(w) for w in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"widths must be at least 1, got {text!r}")
+    return widths
 
 
 def _names(strategies: tuple[str, ...] | list[str]) -> str:
@@ -164,15 +179,19 @@ def strategy_options(args: argparse.Namespace, strategies: list[str]) -> Strateg
             kind = "strategy" if len(readers) == 1 else "strategies"
             chosen = ("the strategy is " if len(strategies) == 1 else "the strategies are ") + ", ".join(strategies)
             fail(f"{flag} applies to the {_names(readers)} {kind} only ({chosen})")
-    options = StrategyOptions(**{STRATEGY_FLAGS[flag][0]: v for flag, v in given.items()})
+    options = StrategyOptions(**{STRATEGY_FLAGS[flag][0]: tuple(v) if isinstance(v, list) else v
+                                 for flag, v in given.items()})
     if options.ngram_max < 1 or (options.ngram_min is not None and not 1 <= options.ngram_min <= options.ngram_max):
         fail(f"need 1 <= --ngram-min <= --ngram-max, got {options.ngram_min} and {options.ngram_max}")
     if options.layerskip_layers is not None and options.layerskip_layers < 1:
         fail(f"--layers must be at least 1, got {options.layerskip_layers}")
     if options.lookahead_window < 1 or options.lookahead_ngram < 2 or options.lookahead_candidates < 1:
         fail("need --window >= 1, --lookahead-ngram >= 2 and --lookahead-candidates >= 1")
-    if "eagle" in strategies and options.drafter is None:
-        fail("--strategy eagle needs --drafter DIR (make one with `verispec train-drafter --kind eagle`)")
+    for name in strategies:
+        try:
+            check_options(name, options)
+        except ValueError as e:
+            fail(str(e))
     if options.draft_confidence is not None and not 0 <= options.draft_confidence <= 1:
         fail(f"--draft-confidence must be in [0, 1], got {options.draft_confidence}")
     return options

@@ -1,4 +1,5 @@
-"""`verispec train-drafter --kind eagle`: train an EAGLE drafter for the target on this machine (verispec.train_drafter)."""
+"""`verispec train-drafter --kind eagle|medusa`: train a feature-level drafter for the target on this machine
+(verispec.train_drafter)."""
 
 from __future__ import annotations
 
@@ -29,12 +30,19 @@ def duration(text: str) -> float:
 
 
 def add_parser(sub, default_target: str) -> None:
-    p = sub.add_parser("train-drafter", help="train an EAGLE drafter for the target on this machine (self-distillation)")
-    p.add_argument("--kind", choices=["eagle"], default="eagle",
-                   help="eagle: one decoder layer over the target's own features (Medusa heads: not yet)")
+    p = sub.add_parser("train-drafter", help="train an EAGLE drafter or Medusa heads for the target on this machine "
+                       "(self-distillation)")
+    p.add_argument("--kind", choices=["eagle", "medusa"], default="eagle",
+                   help="eagle: one decoder layer over the target's own features; medusa: --heads small heads on the "
+                        "target's last feature, all of a round's guesses at once (default: %(default)s)")
     add_model_options(p, default_target, device=False)
-    p.add_argument("--out", default=None, help="drafter directory (default: drafters/<target>-eagle in the cache "
+    p.add_argument("--out", default=None, help="drafter directory (default: drafters/<target>-<kind> in the cache "
                    "directory); an unfinished one resumes")
+    p.add_argument("--features", default=None, metavar="DIR",
+                   help="where the target's features are cached (default: OUT/features); point a second drafter of "
+                        "the same target, corpus and --seq-len at the first one's to skip computing them again")
+    p.add_argument("--heads", type=int, default=4, help="medusa: heads, the longest chain a round drafts "
+                   "(default: %(default)s)")
     p.add_argument("--budget", type=duration, default=duration("30m"),
                    help="training time, e.g. 30m or 1h (the target's features are cached first; default: 30m)")
     p.add_argument("--tokens", type=int, default=120_000,
@@ -53,8 +61,10 @@ def add_parser(sub, default_target: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from verispec.models.errors import ModelError
     from verispec.models.eagle import CONFIG, EagleConfig, EagleDrafter, load_drafter
     from verispec.models.llama import LlamaModel
+    from verispec.models.medusa import MedusaConfig, MedusaHeads, load_heads
     from verispec.models.load import default_threads, load
     from verispec.models.files import cache_dir
     from verispec.train_drafter import (
@@ -66,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     if not names or any(c not in corpora for c in names):
         fail(f"--corpus takes a comma list of {', '.join(corpora)}, got {args.corpus!r}")
     for flag, value in (("--tokens", args.tokens), ("--batch", args.batch), ("--seq-len", args.seq_len),
-                        ("--head-vocab", args.head_vocab), ("--intermediate", args.intermediate)):
+                        ("--head-vocab", args.head_vocab), ("--intermediate", args.intermediate),
+                        ("--heads", args.heads)):
         if value < 1:
             fail(f"{flag} must be at least 1, got {value}")
     if not 0 < args.lr < 1:
@@ -81,11 +92,12 @@ def run(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty()
     target = load(args.target, dtype=args.dtype, progress=progress)
     if not isinstance(target.model, LlamaModel):
-        fail(f"an EAGLE drafter needs a native Llama-family target; {target.name} runs through "
+        fail(f"a feature-level drafter needs a native Llama-family target; {target.name} runs through "
              f"{type(target.model).__name__}")
     model = target.model
     model.requires_grad_(False)
-    out = Path(args.out).expanduser() if args.out else cache_dir() / "drafters" / f"{target.name}-eagle"
+    out = Path(args.out).expanduser() if args.out else cache_dir() / "drafters" / f"{target.name}-{args.kind}"
+    features = Path(args.features).expanduser() if args.features else out / "features"
     t0 = time.perf_counter()
 
     def texts():
@@ -95,21 +107,28 @@ def run(args: argparse.Namespace) -> int:
     try:
         pieces = chunks(texts(), lambda s: target.tokenizer.encode(s, special=False), settings.seq_len,
                         settings.tokens)
-        shards = cache_features(model, pieces, out / "features", settings, progress)
+        shards = cache_features(model, pieces, features, settings, progress)
     except ValueError as e:
         fail(str(e))
     features_s = time.perf_counter() - t0
-    log_stderr(f"target features: {len(shards)} shards in {out / 'features'} ({features_s / 60:.1f} min)")
-    if (out / CONFIG).is_file() and (out / "train-state.pt").is_file():
-        drafter = load_drafter(out, model)
-    else:
-        cfg = EagleConfig.for_target(model, target.name, intermediate_size=args.intermediate,
-                                     head_vocab=args.head_vocab)
-        drafter = EagleDrafter.fresh(cfg, model, target_head(model, target.path, cfg.head_vocab))
-    head = drafter.lm_head.weight.detach()
-    result = train(drafter, head, shards, out, settings, log_stderr, progress)
+    log_stderr(f"target features: {len(shards)} shards in {features} ({features_s / 60:.1f} min)")
+    resume = (out / CONFIG).is_file() and (out / "train-state.pt").is_file()
+    drafter: EagleDrafter | MedusaHeads
+    try:
+        if args.kind == "medusa":
+            drafter = load_heads(out, model) if resume else MedusaHeads.fresh(
+                MedusaConfig.for_target(model, target.name, heads=args.heads, head_vocab=args.head_vocab), model,
+                target_head(model, target.path, min(args.head_vocab, model.vocab_size)))
+        else:
+            drafter = load_drafter(out, model) if resume else EagleDrafter.fresh(
+                EagleConfig.for_target(model, target.name, intermediate_size=args.intermediate,
+                                       head_vocab=args.head_vocab), model,
+                target_head(model, target.path, min(args.head_vocab, model.vocab_size)))
+        result = train(drafter, shards, out, settings, log_stderr, progress)
+    except (ModelError, ValueError) as e:
+        fail(str(e))
     print(f"trained {result['steps']} steps in {result['seconds'] / 60:.1f} min (+{features_s / 60:.1f} min of "
           f"target features): the drafter's first guess is the target's argmax {result['validation_agreement']:.1%} "
           f"of the time on held-out text (before training: {result['initial_agreement']:.1%}); saved to {out}\n"
-          f"use it: verispec generate --strategy eagle --drafter {out} \"...\"")
+          f"use it: verispec generate --strategy {args.kind} --drafter {out} \"...\"")
     return 0

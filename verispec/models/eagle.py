@@ -145,11 +145,11 @@ def load_drafter(directory: str | Path, target: LlamaModel, *, quantize_kind: st
     directory = Path(directory).expanduser()
     try:
         raw = json.loads((directory / CONFIG).read_text())
+        if isinstance(raw, dict) and raw.get("kind", "eagle") != "eagle":
+            raise ModelError(f"{directory} holds a {raw['kind']!r} drafter, not an EAGLE one")
         cfg = EagleConfig(**raw)
     except (OSError, ValueError, TypeError) as e:
         raise ModelError(f"{directory} is not an EAGLE drafter directory ({CONFIG}: {e})") from None
-    if cfg.kind != "eagle":
-        raise ModelError(f"{directory} holds a {cfg.kind!r} drafter, not an EAGLE one")
     with torch.device("meta"):  # the embedding and norm come from the target: never allocate them here
         drafter = EagleDrafter(cfg, target.vocab_size)
     try:

@@ -37,7 +37,7 @@ from verispec.server.scheduler import Delta, Done, Event, Failed, Request, Sched
 from verispec.server.schemas import (
     APIError, ChatRequest, CompletionRequest, error_body, validation_error_body,
 )
-from verispec.strategies import STRATEGIES, StrategyOptions, make_proposer
+from verispec.strategies import STRATEGIES, StrategyOptions, check_options, make_proposer
 
 log = logging.getLogger("verispec.server")
 
@@ -354,6 +354,11 @@ def _strategy(app: FastAPI, body: CompletionRequest | ChatRequest) -> str:
     if STRATEGIES[name].needs_draft and app.state.models.draft is None:
         raise APIError(400, f"strategy {name!r} needs a draft model, and this server has none", param="strategy",
                        code="invalid_value")
+    try:
+        check_options(name, app.state.settings.options)
+    except ValueError as e:
+        raise APIError(400, f"{e}; this server was started without it", param="strategy",
+                       code="invalid_value") from None
     return name
 
 

@@ -1,0 +1,188 @@
+"""A losslessness audit a user runs on their own configuration (`verispec audit`).
+
+Two checks, through the same round every command runs:
+
+- **greedy identity**: on every prompt, speculative greedy output must equal plain greedy decoding of the same
+  target token for token. Where it does not, the report names the first differing position, both tokens and the
+  target's logits for each there (a near-tie says "rounding", a wide gap says "bug").
+- **sampled law**: many seeded samples of the first k tokens of one prompt, with and without speculation, compared
+  by a two-sample permutation test on the total variation (TV) between their empirical laws, for the k-token
+  sequences and for each position's token. The report states the test's power as the TV it would flag at this N
+  (the 95th percentile of its null distribution): a smaller difference in law can pass unseen.
+
+A pass is evidence, not proof; a fail is a reproducible counterexample. Exit status 0/1 makes it a CI step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from verispec.engine import Batch, GenerationParams, generate
+from verispec.models.base import CausalLM
+from verispec.proposers.base import Proposer
+from verispec.sampling import SamplingParams
+from verispec.verify import ChainVerifier, verify_chain
+
+# (max_len) -> a proposer serving `rows` rows of sequences up to max_len tokens
+ProposerFactory = Callable[[int, int], Proposer | None]
+
+
+@dataclass
+class GreedyCase:
+    prompt: str  # the prompt's id
+    tokens: int  # tokens compared
+    identical: bool
+    position: int | None = None  # first differing position (0 = the first new token)
+    plain_token: int | None = None
+    spec_token: int | None = None
+    plain_logit: float | None = None  # the target's logits for both tokens at that position
+    spec_logit: float | None = None
+
+
+@dataclass
+class LawTest:
+    name: str  # "tokens 1-3" (the joint law) or "token 2" (one position's marginal)
+    tv: float  # between the two empirical laws
+    detectable_tv: float  # the 95th percentile of TV under the null at this N: what the test would flag
+    p_value: float
+
+
+@dataclass
+class LawCheck:
+    prompt: str
+    samples: int  # per arm
+    tokens: int  # k
+    sampling: dict
+    tests: list[LawTest]
+    alpha: float | None  # acceptance in the speculative arm (a check where nothing was drafted proves nothing)
+    passed: bool = False
+
+
+@dataclass
+class AuditReport:
+    config: dict
+    greedy: list[GreedyCase]
+    law: LawCheck | None
+    passed: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.passed = all(c.identical for c in self.greedy) and (self.law is None or self.law.passed)
+
+    @property
+    def verdict(self) -> str:
+        same = sum(c.identical for c in self.greedy)
+        line = f"greedy identity {same}/{len(self.greedy)} prompts"
+        bad = next((c for c in self.greedy if not c.identical), None)
+        if bad is not None:
+            line += (f" (first failure: prompt {bad.prompt}, position {bad.position}: plain token {bad.plain_token} "
+                     f"logit {bad.plain_logit:.4f}, speculative token {bad.spec_token} logit {bad.spec_logit:.4f})")
+        if self.law is not None:
+            worst = min(self.law.tests, key=lambda t: t.p_value)
+            line += (f"; sampled law of the first {self.law.tokens} tokens, {self.law.samples} samples per arm: "
+                     f"{'passes' if self.law.passed else 'FAILS'} (smallest p {worst.p_value:.3g} on {worst.name}, "
+                     f"TV {worst.tv:.3f}; it would flag TV above {worst.detectable_tv:.3f})")
+        return ("PASS: " if self.passed else "FAIL: ") + line
+
+    def to_dict(self) -> dict:
+        return {"passed": self.passed, "verdict": self.verdict, "config": self.config,
+                "greedy": [asdict(c) for c in self.greedy], "law": None if self.law is None else asdict(self.law)}
+
+
+def greedy_identity(target: CausalLM, make_proposer: ProposerFactory, prompts: Sequence[tuple[str, list[int]]],
+                    params: GenerationParams, *, verifier: ChainVerifier = verify_chain,
+                    progress: Callable[[], None] = lambda: None) -> list[GreedyCase]:
+    """Speculative against plain greedy decoding of each prompt (params' sampling is ignored: greedy)."""
+    params = GenerationParams(max_new_tokens=params.max_new_tokens, gamma=params.gamma, eos_ids=params.eos_ids)
+    cases = []
+    for name, ids in prompts:
+        max_len = len(ids) + params.max_new_tokens + params.gamma + 2
+        plain = generate(target, ids, params).token_ids
+        spec = generate(target, ids, params, make_proposer(max_len, 1), verifier=verifier).token_ids
+        cases.append(_compare(target, name, ids, plain, spec))
+        progress()
+    return cases
+
+
+def _compare(target: CausalLM, name: str, prompt: list[int], plain: list[int], spec: list[int]) -> GreedyCase:
+    n = min(len(plain), len(spec))
+    at = next((i for i in range(n) if plain[i] != spec[i]), None if len(plain) == len(spec) else n)
+    if at is None:
+        return GreedyCase(name, len(plain), True)
+    context = prompt + plain[:at]
+    with torch.no_grad():
+        cache = target.new_cache(len(context) + 1)
+        logits = target.forward(torch.tensor([context]), cache, last_n=1)[0, -1].float()
+    a = plain[at] if at < len(plain) else None
+    b = spec[at] if at < len(spec) else None
+    return GreedyCase(name, n, False, at, a, b, None if a is None else float(logits[a]),
+                      None if b is None else float(logits[b]))
+
+
+def sample_arm(target: CausalLM, prompt: list[int], proposer: Proposer | None, sampling: SamplingParams, *,
+               tokens: int, samples: int, gamma: int, seed: int, rows: int,
+               verifier: ChainVerifier = verify_chain, progress: Callable[[], None] = lambda: None
+               ) -> tuple[list[tuple[int, ...]], float | None]:
+    """`samples` seeded runs of the first `tokens` tokens (seeds seed .. seed + samples - 1, no end-of-sequence
+    stop), `rows` at a time in one batch; returns the token tuples and the arm's acceptance rate."""
+    batch = Batch(target, rows, len(prompt) + tokens, slack=gamma + 2, verifier=verifier)
+    out: list[tuple[int, ...]] = []
+    drafted = accepted = 0
+    started = 0
+    live: list = []
+    while started < samples or batch.live:
+        while started < samples and len(batch.live) < rows:
+            params = GenerationParams(max_new_tokens=tokens, gamma=gamma, sampling=sampling, seed=seed + started)
+            live.append(batch.add(prompt, params, proposer))
+            started += 1
+        batch.round()
+        for seq in [s for s in live if s.result.finish_reason is not None]:
+            live.remove(seq)
+            if seq.result.error is not None:
+                raise seq.result.error
+            out.append(tuple(seq.result.token_ids))
+            drafted += seq.metrics.drafted
+            accepted += seq.metrics.accepted
+            progress()
+    return out, (accepted / drafted if drafted else None)
+
+
+def two_sample_tv(a: list, b: list, *, permutations: int = 400, seed: int = 0) -> tuple[float, float, float]:
+    """(TV between the empirical laws of a and b, its 95th percentile under the null that both come from one law,
+    permutation p-value)."""
+    import numpy as np
+
+    codes = {x: i for i, x in enumerate(dict.fromkeys(list(a) + list(b)))}
+    pooled = np.array([codes[x] for x in list(a) + list(b)])
+    n, m, c = len(a), len(b), len(codes)
+
+    def tv(labels: np.ndarray) -> float:
+        return 0.5 * float(np.abs(np.bincount(labels[:n], minlength=c) / n - np.bincount(labels[n:], minlength=c) / m).sum())
+
+    observed = tv(pooled)
+    rng = np.random.default_rng(seed)
+    null = np.sort([tv(rng.permutation(pooled)) for _ in range(permutations)])
+    p = (1 + int((null >= observed - 1e-12).sum())) / (1 + permutations)
+    return observed, float(null[int(0.95 * (permutations - 1))]), p
+
+
+def law_check(target: CausalLM, make_proposer: ProposerFactory, name: str, prompt: list[int],
+              sampling: SamplingParams, *, tokens: int, samples: int, gamma: int, seed: int = 0, rows: int = 8,
+              verifier: ChainVerifier = verify_chain, level: float = 0.01, permutations: int = 2000,
+              progress: Callable[[], None] = lambda: None) -> LawCheck:
+    """The sampled-law check; fails where any test's p-value is below level / number of tests (Bonferroni; enough
+    permutations that the smallest attainable p-value is well below that)."""
+    common = dict(tokens=tokens, samples=samples, gamma=gamma, seed=seed, rows=rows, progress=progress)
+    plain, _ = sample_arm(target, prompt, None, sampling, **common)
+    spec, alpha = sample_arm(target, prompt, make_proposer(len(prompt) + tokens + gamma + 2, rows), sampling,
+                             verifier=verifier, **common)
+    n = max(permutations, int(4 * (tokens + 1) / level))
+    tests = [LawTest(f"tokens 1-{tokens}", *two_sample_tv(plain, spec, permutations=n))]
+    for i in range(tokens):
+        tests.append(LawTest(f"token {i + 1}", *two_sample_tv([s[i] for s in plain], [s[i] for s in spec],
+                                                              permutations=n, seed=i + 1)))
+    check = LawCheck(name, samples, tokens, asdict(sampling), tests, alpha)
+    check.passed = all(t.p_value >= level / len(tests) for t in tests)
+    return check
