@@ -11,7 +11,7 @@ import torch
 from tests.conftest import noisy_copy
 from tests.test_cli import pair, run_inline  # noqa: F401 - the tiny HF pair fixture
 from tests.test_losslessness import bonus_off_by_one, residual_is_p
-from verispec.audit import AuditReport, greedy_identity, law_check, two_sample_tv
+from verispec.audit import AuditReport, GreedyCase, greedy_identity, law_check, law_prompt, two_sample_tv
 from verispec.engine import GenerationParams
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.sampling import SamplingParams
@@ -51,11 +51,18 @@ class WidthDependent(torch.nn.Module):
 def test_correct_configuration_passes(wide_target, wide_draft, tiny_target, tiny_draft):
     greedy = greedy_identity(wide_target, drafts(wide_draft), PROMPTS, PARAMS)
     assert all(c.identical and c.tokens == 24 for c in greedy)
+    best = max(greedy, key=lambda c: c.accepted / (len(dict(PROMPTS)[c.prompt]) + c.tokens))
+    name, ids = law_prompt(wide_target, PROMPTS, greedy, SamplingParams(temperature=1.0))
+    assert best.accepted > 0 and name.startswith(best.prompt)
+    assert ids[: len(dict(PROMPTS)[best.prompt])] == dict(PROMPTS)[best.prompt]
+    assert ids[len(dict(PROMPTS)[best.prompt]):] == best.output[: len(ids) - len(dict(PROMPTS)[best.prompt])]
     law = law_check(tiny_target, drafts(tiny_draft), "p", [1, 2], SamplingParams(temperature=1.0), tokens=2,
                     samples=400, gamma=2, seed=7)
     assert law.passed and law.alpha > 0.3, law
     report = AuditReport({}, greedy, law)
     assert report.passed and report.verdict.startswith("PASS: greedy identity 3/3")
+    ended = AuditReport({}, [GreedyCase("x", 5, False, 5, 7, None, 1.5, None)], None)
+    assert "plain token 7 logit 1.5000, speculative token (ended)" in ended.verdict  # one output stopped early
 
 
 def test_width_dependent_rows_fail_greedy_identity_at_a_named_position(wide_target, wide_draft):
@@ -103,7 +110,7 @@ def test_audit_command(pair, capsys, tmp_path):  # noqa: F811
     code, stdout, err = run_inline(capsys, *common, "--strategy", "draft", "--samples", "40", "--law-tokens", "2",
                                    "--max-new-tokens", "16", "--json", str(tmp_path / "r.json"))
     assert code == 0, err
-    assert stdout.startswith("PASS: greedy identity 2/2 prompts; sampled law")
+    assert stdout.startswith("PASS: greedy identity 2/2 prompts; sampled law of 2 tokens after")
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["passed"] and report["config"]["strategy"] == "draft" and len(report["law"]["tests"]) == 3
     code, _, err = run_inline(capsys, *common, "--strategy", "ar")

@@ -23,7 +23,7 @@ import torch
 from verispec.engine import Batch, GenerationParams, generate
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Proposer
-from verispec.sampling import SamplingParams
+from verispec.sampling import SamplingParams, logits_to_probs
 from verispec.verify import ChainVerifier, verify_chain
 
 # (max_len) -> a proposer serving `rows` rows of sequences up to max_len tokens
@@ -40,6 +40,9 @@ class GreedyCase:
     spec_token: int | None = None
     plain_logit: float | None = None  # the target's logits for both tokens at that position
     spec_logit: float | None = None
+    drafted: int = 0  # the speculative run's drafted and accepted tokens (a prompt where nothing was drafted
+    accepted: int = 0  # tests nothing)
+    output: list[int] = field(default_factory=list)  # plain decoding's tokens
 
 
 @dataclass
@@ -77,11 +80,16 @@ class AuditReport:
         line = f"greedy identity {same}/{len(self.greedy)} prompts"
         bad = next((c for c in self.greedy if not c.identical), None)
         if bad is not None:
-            line += (f" (first failure: prompt {bad.prompt}, position {bad.position}: plain token {bad.plain_token} "
-                     f"logit {bad.plain_logit:.4f}, speculative token {bad.spec_token} logit {bad.spec_logit:.4f})")
+            def token(t: int | None, logit: float | None) -> str:
+                return "(ended)" if t is None else f"{t} logit {logit:.4f}"
+
+            line += (f" (first failure: prompt {bad.prompt}, position {bad.position}: plain token "
+                     f"{token(bad.plain_token, bad.plain_logit)}, speculative token "
+                     f"{token(bad.spec_token, bad.spec_logit)})")
         if self.law is not None:
             worst = min(self.law.tests, key=lambda t: t.p_value)
-            line += (f"; sampled law of the first {self.law.tokens} tokens, {self.law.samples} samples per arm: "
+            line += (f"; sampled law of {self.law.tokens} tokens after {self.law.prompt}, {self.law.samples} "
+                     f"samples per arm: "
                      f"{'passes' if self.law.passed else 'FAILS'} (smallest p {worst.p_value:.3g} on {worst.name}, "
                      f"TV {worst.tv:.3f}; it would flag TV above {worst.detectable_tv:.3f})")
         return ("PASS: " if self.passed else "FAIL: ") + line
@@ -100,8 +108,10 @@ def greedy_identity(target: CausalLM, make_proposer: ProposerFactory, prompts: S
     for name, ids in prompts:
         max_len = len(ids) + params.max_new_tokens + params.gamma + 2
         plain = generate(target, ids, params).token_ids
-        spec = generate(target, ids, params, make_proposer(max_len, 1), verifier=verifier).token_ids
-        cases.append(_compare(target, name, ids, plain, spec))
+        run = generate(target, ids, params, make_proposer(max_len, 1), verifier=verifier)
+        case = _compare(target, name, ids, plain, run.token_ids)
+        case.drafted, case.accepted, case.output = run.metrics.drafted, run.metrics.accepted, plain
+        cases.append(case)
         progress()
     return cases
 
@@ -119,6 +129,29 @@ def _compare(target: CausalLM, name: str, prompt: list[int], plain: list[int], s
     b = spec[at] if at < len(spec) else None
     return GreedyCase(name, n, False, at, a, b, None if a is None else float(logits[a]),
                       None if b is None else float(logits[b]))
+
+
+def law_prompt(target: CausalLM, prompts: Sequence[tuple[str, list[int]]], cases: Sequence[GreedyCase],
+               sampling: SamplingParams) -> tuple[str, list[int]]:
+    """Where the sampled-law check runs: on the prompt where speculation had the most accepted drafts per token of
+    work (prompt + output), continued by its greedy output up to the position where the target is least sure
+    under `sampling` (the law of the tokens after any prefix must match; right after a chat prompt they are often
+    near-certain, "```python", and a check there sees nothing)."""
+    def score(pair: tuple[tuple[str, list[int]], GreedyCase]) -> float:
+        (_, ids), case = pair
+        return case.accepted / (len(ids) + case.tokens)
+
+    (name, ids), case = max(zip(prompts, cases), key=score)
+    out = case.output
+    if not out:
+        return name, ids
+    with torch.no_grad():
+        cache = target.new_cache(len(ids) + len(out) + 1)
+        logits = target.forward(torch.tensor([ids + out[:-1]]), cache, last_n=len(out))[0].float()
+    p = logits_to_probs(logits, sampling)
+    entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)  # [len(out)]: of the token at each output position
+    j = int(entropy.argmax())
+    return (f"{name} + {j} tokens" if j else name), ids + out[:j]
 
 
 def sample_arm(target: CausalLM, prompt: list[int], proposer: Proposer | None, sampling: SamplingParams, *,

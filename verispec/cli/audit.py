@@ -27,8 +27,9 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     p.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
     p.add_argument("--max-new-tokens", type=int, default=64, help="greedy tokens compared per prompt (default: 64)")
     p.add_argument("--samples", type=int, default=200,
-                   help="sampled-law check: seeded samples per arm, with and without speculation (default: 200; "
-                        "0 skips the check)")
+                   help="sampled-law check: seeded samples per arm, with and without speculation, on the prompt "
+                        "where speculation accepted the most drafts per token, from the point of its output where the "
+                        "target is least sure (default: 200; 0 skips the check)")
     p.add_argument("--law-tokens", type=int, default=3, help="sampled-law check: the first k tokens (default: 3)")
     p.add_argument("--temperature", type=finite, default=0.7, help="sampled-law check (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=0, help="sampled-law check: 0 = off")
@@ -41,7 +42,7 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from verispec.audit import AuditReport, greedy_identity, law_check
+    from verispec.audit import AuditReport, greedy_identity, law_check, law_prompt
     from verispec.bench.suite import load_prompts
     from verispec.engine import GenerationParams
     from verispec.models.load import default_threads
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         greedy = greedy_identity(target.model, make, encoded, params, progress=lambda: bar.update(1))
     law = None
     if args.samples:
-        name, ids = encoded[0]
+        name, ids = law_prompt(target.model, encoded, greedy, sampling)
         with tqdm(total=2 * args.samples, desc=f"sampled law ({name})", unit="sample", disable=not progress,
                   file=sys.stderr) as bar:
             law = law_check(target.model, make, name, ids, sampling, tokens=args.law_tokens, samples=args.samples,

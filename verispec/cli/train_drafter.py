@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from verispec.models.llama import LlamaModel
     from verispec.models.medusa import MedusaConfig, MedusaHeads, load_heads
     from verispec.models.load import default_threads, load
-    from verispec.models.files import cache_dir
+    from verispec.models.files import cache_dir, drafter_config
     from verispec.train_drafter import (
         TrainSettings, cache_features, chunks, log_stderr, stdlib_texts, suite_texts, target_head, train,
     )
@@ -115,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     resume = (out / CONFIG).is_file() and (out / "train-state.pt").is_file()
     drafter: EagleDrafter | MedusaHeads
     try:
+        if (out / CONFIG).is_file():  # never train over a drafter of another kind
+            drafter_config(out, args.kind, "Medusa heads" if args.kind == "medusa" else "an EAGLE one")
         if args.kind == "medusa":
             drafter = load_heads(out, model) if resume else MedusaHeads.fresh(
                 MedusaConfig.for_target(model, target.name, heads=args.heads, head_vocab=args.head_vocab), model,

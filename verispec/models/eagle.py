@@ -18,7 +18,6 @@ model.safetensors (fc, the layer, the head rows).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -127,28 +126,21 @@ class EagleDrafter(LlamaModel):
         return {k: v for k, v in self.state_dict().items() if not k.startswith(("embed.", "norm."))}
 
     def save(self, directory: Path) -> None:
-        from verispec.models.files import write_safetensors
+        from verispec.models.files import save_drafter
 
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / (WEIGHTS + ".tmp")
-        write_safetensors(tmp, {k: v.detach() for k, v in self.own_state().items()})
-        tmp.replace(directory / WEIGHTS)
-        (directory / CONFIG).write_text(json.dumps(asdict(self.eagle), indent=2) + "\n")
+        save_drafter(directory, self.own_state(), asdict(self.eagle))
 
 
 def load_drafter(directory: str | Path, target: LlamaModel, *, quantize_kind: str | None = None) -> EagleDrafter:
     """A drafter directory over `target` (its embedding and norm shared). quantize_kind: e.g. "w4a8-4bit" to run
     the layer and head on the target's kernel (the drafter never changes the output, only acceptance)."""
     from verispec.models.errors import ModelError
-    from verispec.models.files import read_safetensors
+    from verispec.models.files import drafter_config, read_safetensors
 
     directory = Path(directory).expanduser()
     try:
-        raw = json.loads((directory / CONFIG).read_text())
-        if isinstance(raw, dict) and raw.get("kind", "eagle") != "eagle":
-            raise ModelError(f"{directory} holds a {raw['kind']!r} drafter, not an EAGLE one")
-        cfg = EagleConfig(**raw)
-    except (OSError, ValueError, TypeError) as e:
+        cfg = EagleConfig(**drafter_config(directory, "eagle", "an EAGLE drafter"))
+    except TypeError as e:
         raise ModelError(f"{directory} is not an EAGLE drafter directory ({CONFIG}: {e})") from None
     with torch.device("meta"):  # the embedding and norm come from the target: never allocate them here
         drafter = EagleDrafter(cfg, target.vocab_size)

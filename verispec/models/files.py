@@ -123,3 +123,31 @@ def write_safetensors(path: Path, tensors: dict) -> None:
         for k in order:
             if nbytes[k]:
                 f.write(tensors[k].reshape(-1).view(torch.uint8).numpy().data)
+
+
+def save_drafter(directory: Path, weights: dict, config: dict) -> None:
+    """A drafter directory (EAGLE, Medusa): model.safetensors (written atomically) and config.json."""
+    import json
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / "model.safetensors.tmp"
+    write_safetensors(tmp, {k: v.detach() for k, v in weights.items()})
+    tmp.replace(directory / "model.safetensors")
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def drafter_config(directory: Path, kind: str, what: str) -> dict:
+    """A drafter directory's config.json, checked to be of `kind` (ModelError naming `what` it should hold)."""
+    import json
+
+    from verispec.models.errors import ModelError
+
+    try:
+        raw = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{directory} is not {what} directory (config.json: {e})") from None
+    if not isinstance(raw, dict):
+        raise ModelError(f"{directory} is not {what} directory (config.json is not an object)")
+    if raw.get("kind", kind) != kind:
+        raise ModelError(f"{directory} holds a {raw['kind']!r} drafter, not {what}")
+    return raw

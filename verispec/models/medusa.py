@@ -14,7 +14,6 @@ deep in a chain. A heads directory holds config.json (`MedusaConfig`) and model.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -83,28 +82,21 @@ class MedusaHeads(nn.Module):
         return {k: v for k, v in self.state_dict().items() if not k.startswith("norm.")}
 
     def save(self, directory: Path) -> None:
-        from verispec.models.files import write_safetensors
+        from verispec.models.files import save_drafter
 
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / (WEIGHTS + ".tmp")
-        write_safetensors(tmp, {k: v.detach() for k, v in self.own_state().items()})
-        tmp.replace(directory / WEIGHTS)
-        (directory / CONFIG).write_text(json.dumps(asdict(self.medusa), indent=2) + "\n")
+        save_drafter(directory, self.own_state(), asdict(self.medusa))
 
 
 def load_heads(directory: str | Path, target: LlamaModel, *, quantize_kind: str | None = None) -> MedusaHeads:
     """A heads directory over `target` (its final norm shared). quantize_kind: e.g. "w4a8-4bit" to run the shared
     head on the target's kernel (the blocks stay float: they are small; heads change acceptance, never output)."""
     from verispec.models.errors import ModelError
-    from verispec.models.files import read_safetensors
+    from verispec.models.files import drafter_config, read_safetensors
 
     directory = Path(directory).expanduser()
     try:
-        raw = json.loads((directory / CONFIG).read_text())
-        if isinstance(raw, dict) and raw.get("kind", "medusa") != "medusa":
-            raise ModelError(f"{directory} holds a {raw['kind']!r} drafter, not Medusa heads")
-        cfg = MedusaConfig(**raw)
-    except (OSError, ValueError, TypeError) as e:
+        cfg = MedusaConfig(**drafter_config(directory, "medusa", "a Medusa heads"))
+    except TypeError as e:
         raise ModelError(f"{directory} is not a Medusa heads directory ({CONFIG}: {e})") from None
     with torch.device("meta"):
         heads = MedusaHeads(cfg)
