@@ -9,9 +9,8 @@ import json
 import pytest
 import torch
 
-from tests.conftest import fresh_logits
 from tests.test_cli import pair, run_inline  # noqa: F401 - the tiny HF pair fixture
-from tests.test_losslessness import T1, T07_P09, Verdict, chi_square_pvalue, exact_law, noise_floor, sample_engine, tv
+from tests.test_losslessness import T07_P09, Verdict, chi_square_pvalue, exact_law, noise_floor, sample_engine, tv
 from verispec.engine import Batch, GenerationParams, generate
 from verispec.models.eagle import EagleConfig, EagleDrafter, load_drafter
 from verispec.proposers.eagle import EagleProposer
@@ -35,13 +34,9 @@ def continuations(target, seed: int = 0, n: int = 24) -> list[list[int]]:
     return seqs
 
 
-def train_tiny(target, steps: int = 600, seed: int = 0) -> EagleDrafter:
-    """A drafter fitted to the target's own greedy continuations (a few seconds on a tiny model)."""
-    cfg = EagleConfig.for_target(target, "tiny", head_vocab=target.vocab_size)
-    drafter = EagleDrafter.fresh(cfg, target, target.lm_head.weight, seed=seed)
-    seqs = continuations(target, seed)
-    tokens = torch.tensor(seqs)
-    feats = torch.stack([target_features(target, s) for s in seqs])
+def fit(drafter, target, loss, steps: int):
+    """Adam on the drafter's own weights (not the target's shared embedding, norm, or the head rows) for `steps`
+    steps of loss(drafter, head); returns the drafter frozen, in eval mode."""
     target.requires_grad_(False)
     params = [p for n, p in drafter.named_parameters() if not n.startswith(("embed.", "norm.", "lm_head."))]
     for p in params:
@@ -49,12 +44,22 @@ def train_tiny(target, steps: int = 600, seed: int = 0) -> EagleDrafter:
     opt = torch.optim.Adam(params, lr=3e-3)
     head = drafter.lm_head.weight.detach()
     for _ in range(steps):
-        loss, _, _ = losses(drafter, head, tokens, feats, 0.1)
+        value = loss(drafter, head)
         opt.zero_grad()
-        loss.backward()
+        value.backward()
         opt.step()
     drafter.requires_grad_(False)
     return drafter.eval()
+
+
+def train_tiny(target, steps: int = 600, seed: int = 0) -> EagleDrafter:
+    """A drafter fitted to the target's own greedy continuations (a few seconds on a tiny model)."""
+    cfg = EagleConfig.for_target(target, "tiny", head_vocab=target.vocab_size)
+    drafter = EagleDrafter.fresh(cfg, target, target.lm_head.weight, seed=seed)
+    seqs = continuations(target, seed)
+    tokens = torch.tensor(seqs)
+    feats = torch.stack([target_features(target, s) for s in seqs])
+    return fit(drafter, target, lambda d, head: losses(d, head, tokens, feats, 0.1)[0], steps)
 
 
 @pytest.fixture(scope="module")

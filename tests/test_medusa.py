@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.test_cli import pair, run_inline  # noqa: F401 - the tiny HF pair fixture
-from tests.test_eagle import continuations, target_features
+from tests.test_eagle import continuations, fit, target_features
 from tests.test_losslessness import T07_P09, Verdict, chi_square_pvalue, exact_law, noise_floor, sample_engine, tv
 from verispec.engine import Batch, GenerationParams, generate
 from verispec.models.medusa import MedusaConfig, MedusaHeads, load_heads
@@ -22,21 +22,8 @@ def train_tiny(target, heads: int = 3, steps: int = 300, seed: int = 0) -> Medus
     """Heads fitted to the target's own greedy continuations (a few seconds on a tiny model)."""
     cfg = MedusaConfig.for_target(target, "tiny", heads=heads, head_vocab=target.vocab_size)
     model = MedusaHeads.fresh(cfg, target, target.lm_head.weight)
-    seqs = continuations(target, seed)
-    feats = torch.stack([target_features(target, s) for s in seqs])
-    target.requires_grad_(False)
-    params = [p for n, p in model.named_parameters() if n.startswith("blocks.")]
-    for p in params:
-        p.requires_grad_(True)
-    opt = torch.optim.Adam(params, lr=3e-3)
-    head = model.lm_head.weight.detach()
-    for _ in range(steps):
-        loss, _ = medusa_losses(model, head, feats)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.requires_grad_(False)
-    return model.eval()
+    feats = torch.stack([target_features(target, s) for s in continuations(target, seed)])
+    return fit(model, target, lambda m, head: medusa_losses(m, head, feats)[0], steps)
 
 
 @pytest.fixture(scope="module")

@@ -62,11 +62,11 @@ def add_parser(sub, default_target: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from verispec.models.errors import ModelError
-    from verispec.models.eagle import CONFIG, EagleConfig, EagleDrafter, load_drafter
+    from verispec.models.eagle import EagleConfig, EagleDrafter, load_drafter
     from verispec.models.llama import LlamaModel
     from verispec.models.medusa import MedusaConfig, MedusaHeads, load_heads
     from verispec.models.load import default_threads, load
-    from verispec.models.files import cache_dir, drafter_config
+    from verispec.models.files import DRAFTER_CONFIG, cache_dir, drafter_config
     from verispec.train_drafter import (
         TrainSettings, cache_features, chunks, log_stderr, stdlib_texts, suite_texts, target_head, train,
     )
@@ -112,10 +112,10 @@ def run(args: argparse.Namespace) -> int:
         fail(str(e))
     features_s = time.perf_counter() - t0
     log_stderr(f"target features: {len(shards)} shards in {features} ({features_s / 60:.1f} min)")
-    resume = (out / CONFIG).is_file() and (out / "train-state.pt").is_file()
+    resume = (out / DRAFTER_CONFIG).is_file() and (out / "train-state.pt").is_file()
     drafter: EagleDrafter | MedusaHeads
     try:
-        if (out / CONFIG).is_file():  # never train over a drafter of another kind
+        if (out / DRAFTER_CONFIG).is_file():  # never train over a drafter of another kind
             drafter_config(out, args.kind, "Medusa heads" if args.kind == "medusa" else "an EAGLE one")
         if args.kind == "medusa":
             drafter = load_heads(out, model) if resume else MedusaHeads.fresh(

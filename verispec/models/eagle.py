@@ -25,10 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from verispec.models.files import DRAFTER_CONFIG, DRAFTER_WEIGHTS
 from verispec.models.llama import LlamaConfig, LlamaModel
-
-CONFIG = "config.json"
-WEIGHTS = "model.safetensors"
 
 
 @dataclass(frozen=True)
@@ -141,16 +139,16 @@ def load_drafter(directory: str | Path, target: LlamaModel, *, quantize_kind: st
     try:
         cfg = EagleConfig(**drafter_config(directory, "eagle", "an EAGLE drafter"))
     except TypeError as e:
-        raise ModelError(f"{directory} is not an EAGLE drafter directory ({CONFIG}: {e})") from None
+        raise ModelError(f"{directory} is not an EAGLE drafter directory ({DRAFTER_CONFIG}: {e})") from None
     with torch.device("meta"):  # the embedding and norm come from the target: never allocate them here
         drafter = EagleDrafter(cfg, target.vocab_size)
     try:
-        state = read_safetensors(directory / WEIGHTS)
+        state = read_safetensors(directory / DRAFTER_WEIGHTS)
         missing = drafter.load_state_dict(state, strict=False, assign=True).missing_keys
     except (OSError, RuntimeError) as e:
-        raise ModelError(f"{directory / WEIGHTS} does not fit this drafter: {e}") from None
+        raise ModelError(f"{directory / DRAFTER_WEIGHTS} does not fit this drafter: {e}") from None
     if [k for k in missing if not k.startswith(("embed.", "norm."))]:
-        raise ModelError(f"{directory / WEIGHTS} lacks {missing[:3]}")
+        raise ModelError(f"{directory / DRAFTER_WEIGHTS} lacks {missing[:3]}")
     drafter = drafter.float().eval()
     drafter.requires_grad_(False)
     if quantize_kind is not None:

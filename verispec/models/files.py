@@ -125,15 +125,18 @@ def write_safetensors(path: Path, tensors: dict) -> None:
                 f.write(tensors[k].reshape(-1).view(torch.uint8).numpy().data)
 
 
+DRAFTER_CONFIG, DRAFTER_WEIGHTS = "config.json", "model.safetensors"  # a drafter directory's two files
+
+
 def save_drafter(directory: Path, weights: dict, config: dict) -> None:
-    """A drafter directory (EAGLE, Medusa): model.safetensors (written atomically) and config.json."""
+    """A drafter directory (EAGLE, Medusa): its weights (written atomically) and config."""
     import json
 
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / "model.safetensors.tmp"
+    tmp = directory / (DRAFTER_WEIGHTS + ".tmp")
     write_safetensors(tmp, {k: v.detach() for k, v in weights.items()})
-    tmp.replace(directory / "model.safetensors")
-    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tmp.replace(directory / DRAFTER_WEIGHTS)
+    (directory / DRAFTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
 
 
 def drafter_config(directory: Path, kind: str, what: str) -> dict:
@@ -143,7 +146,7 @@ def drafter_config(directory: Path, kind: str, what: str) -> dict:
     from verispec.models.errors import ModelError
 
     try:
-        raw = json.loads((directory / "config.json").read_text())
+        raw = json.loads((directory / DRAFTER_CONFIG).read_text())
     except (OSError, ValueError) as e:
         raise ModelError(f"{directory} is not {what} directory (config.json: {e})") from None
     if not isinstance(raw, dict):

@@ -21,10 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from verispec.models.files import DRAFTER_CONFIG, DRAFTER_WEIGHTS
 from verispec.models.llama import LlamaModel
-
-CONFIG = "config.json"
-WEIGHTS = "model.safetensors"
 
 
 @dataclass(frozen=True)
@@ -97,13 +95,13 @@ def load_heads(directory: str | Path, target: LlamaModel, *, quantize_kind: str 
     try:
         cfg = MedusaConfig(**drafter_config(directory, "medusa", "a Medusa heads"))
     except TypeError as e:
-        raise ModelError(f"{directory} is not a Medusa heads directory ({CONFIG}: {e})") from None
+        raise ModelError(f"{directory} is not a Medusa heads directory ({DRAFTER_CONFIG}: {e})") from None
     with torch.device("meta"):
         heads = MedusaHeads(cfg)
     try:
-        heads.load_state_dict(read_safetensors(directory / WEIGHTS), strict=True, assign=True)
+        heads.load_state_dict(read_safetensors(directory / DRAFTER_WEIGHTS), strict=True, assign=True)
     except (OSError, RuntimeError) as e:
-        raise ModelError(f"{directory / WEIGHTS} does not fit these heads: {e}") from None
+        raise ModelError(f"{directory / DRAFTER_WEIGHTS} does not fit these heads: {e}") from None
     heads = heads.float().eval()
     heads.requires_grad_(False)
     if quantize_kind is not None:
