@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.test_cli import pair, run_inline  # noqa: F401 - the tiny HF pair fixture
-from tests.test_losslessness import T07_P09, Verdict, chi_square_pvalue, exact_law, noise_floor, sample_engine, tv
+from tests.test_losslessness import T07_P09, check
 from verispec.engine import Batch, GenerationParams, generate
 from verispec.models.eagle import EagleConfig, EagleDrafter, load_drafter
 from verispec.proposers.eagle import EagleProposer
@@ -130,13 +130,8 @@ def test_first_draft_reads_the_targets_features_of_the_whole_sequence(wide_targe
 
 def test_eagle_keeps_the_target_law(tiny_target):
     drafter = train_tiny(tiny_target, steps=150)
-    law = exact_law(tiny_target, T07_P09)
-    run = sample_engine(tiny_target, None, T07_P09, 3, 31_000_000,
-                        make_proposer=lambda max_len: EagleProposer(drafter, max_len, tiny_target.vocab_size))
-    from tests.test_losslessness import N
-
-    verdict = Verdict(tv(run.counts, law), noise_floor(law, N, seed=12345), chi_square_pvalue(run.counts, law), run.alpha)
-    print(f"\n[eagle T=0.7 top_p=0.9 gamma=3] {verdict}")
+    verdict = check(tiny_target, None, T07_P09, 3, 31_000_000, label="eagle",
+                    make_proposer=lambda max_len: EagleProposer(drafter, max_len, tiny_target.vocab_size))
     assert verdict.alpha is not None and verdict.alpha > 0.2, verdict
     assert verdict.passes, verdict
 

@@ -169,12 +169,15 @@ _laws: dict[SamplingParams, np.ndarray] = {}
 _floors: dict[SamplingParams, Floor] = {}
 
 
-def check(target, draft, sampling, gamma, seed_base, verifier=verify_chain, label="") -> Verdict:
+def check(target, draft, sampling, gamma, seed_base, verifier=verify_chain, label="",
+          make_proposer: Callable[[int], Proposer] | None = None) -> Verdict:
+    """The engine's law against the exact one (target: tiny_target; the laws are cached by sampling);
+    make_proposer(max_len), if given, replaces a DraftModelProposer over `draft`."""
     if sampling not in _laws:
         _laws[sampling] = exact_law(target, sampling)
         _floors[sampling] = noise_floor(_laws[sampling], N, seed=12345)
     law = _laws[sampling]
-    run = sample_engine(target, draft, sampling, gamma, seed_base, verifier)
+    run = sample_engine(target, draft, sampling, gamma, seed_base, verifier, make_proposer=make_proposer)
     verdict = Verdict(tv(run.counts, law), _floors[sampling], chi_square_pvalue(run.counts, law), run.alpha)
     print(f"\n[{label or verifier.__name__}] T={sampling.temperature} top_p={sampling.top_p} gamma={gamma} N={N}: "
           f"{verdict}")

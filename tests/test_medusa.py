@@ -10,7 +10,7 @@ import torch
 
 from tests.test_cli import pair, run_inline  # noqa: F401 - the tiny HF pair fixture
 from tests.test_eagle import continuations, fit, target_features
-from tests.test_losslessness import T07_P09, Verdict, chi_square_pvalue, exact_law, noise_floor, sample_engine, tv
+from tests.test_losslessness import T07_P09, check
 from verispec.engine import Batch, GenerationParams, generate
 from verispec.models.medusa import MedusaConfig, MedusaHeads, load_heads
 from verispec.proposers.medusa import MedusaProposer
@@ -91,13 +91,8 @@ def test_medusa_tree_shape(tiny_target, tiny_heads):
 def test_medusa_tree_keeps_the_target_law(tiny_target, tiny_heads):
     """A tree of 2 x 2 children keeps the target's law (children drawn without replacement from each head)."""
     heads = tiny_heads
-    law = exact_law(tiny_target, T07_P09)
-    run = sample_engine(tiny_target, None, T07_P09, 6, 33_000_000,
-                        make_proposer=lambda max_len: MedusaProposer(heads, tiny_target.vocab_size, widths=(2, 2)))
-    from tests.test_losslessness import N
-
-    verdict = Verdict(tv(run.counts, law), noise_floor(law, N, seed=12345), chi_square_pvalue(run.counts, law), run.alpha)
-    print(f"\n[medusa tree 2x2 T=0.7 top_p=0.9] {verdict}")
+    verdict = check(tiny_target, None, T07_P09, 6, 33_000_000, label="medusa tree 2x2",
+                    make_proposer=lambda max_len: MedusaProposer(heads, tiny_target.vocab_size, widths=(2, 2)))
     assert verdict.passes, verdict
 
 
@@ -132,13 +127,8 @@ def test_guesses_read_the_feature_that_chose_the_pending_token(wide_target, medu
 
 def test_medusa_keeps_the_target_law(tiny_target):
     heads = train_tiny(tiny_target, steps=150)
-    law = exact_law(tiny_target, T07_P09)
-    run = sample_engine(tiny_target, None, T07_P09, 3, 31_000_000,
-                        make_proposer=lambda max_len: MedusaProposer(heads, tiny_target.vocab_size))
-    from tests.test_losslessness import N
-
-    verdict = Verdict(tv(run.counts, law), noise_floor(law, N, seed=12345), chi_square_pvalue(run.counts, law), run.alpha)
-    print(f"\n[medusa T=0.7 top_p=0.9 gamma=3] {verdict}")
+    verdict = check(tiny_target, None, T07_P09, 3, 31_000_000, label="medusa",
+                    make_proposer=lambda max_len: MedusaProposer(heads, tiny_target.vocab_size))
     assert verdict.alpha is not None and verdict.alpha > 0.2, verdict
     assert verdict.passes, verdict
 
