@@ -166,6 +166,9 @@ def test_train_drafter_medusa_trains_resumes_and_drafts(pair, capsys, tmp_path):
     assert plain[0] == 0 and spec[0] == 0, spec[2]
     assert json.loads(spec[1])["token_ids"] == json.loads(plain[1])["token_ids"]
     code, _, err = run_inline(capsys, "generate", "hi", "--target", str(target), "--strategy", "medusa",
+                              "--drafter", str(out), "--medusa-tree", "2,1,1,1")
+    assert code == 2 and "--medusa-tree gives 4 depths" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_inline(capsys, "generate", "hi", "--target", str(target), "--strategy", "medusa",
                               "--drafter", str(features))
     assert code == 2 and "not a drafter directory" in err and len(err.strip().splitlines()) == 1
     eagle = ["--kind", "eagle", "--out", str(out)]  # an EAGLE run into the heads' directory is refused

@@ -154,7 +154,15 @@ def check_options(name: str, options: StrategyOptions) -> None:
     """ValueError (what to pass) where strategy `name` cannot run with these options: checked before a model loads
     (the CLI) or a request is queued (the server)."""
     if name in ("eagle", "medusa"):
-        drafter_dir(options, name)
+        directory = drafter_dir(options, name)
+        if name == "medusa" and options.medusa_tree:
+            import json
+            from pathlib import Path
+
+            heads = json.loads((Path(directory).expanduser() / "config.json").read_text()).get("heads", 0)
+            if len(options.medusa_tree) > heads:
+                raise ValueError(f"--medusa-tree gives {len(options.medusa_tree)} depths; the heads in {directory} "
+                                 f"guess {heads}")
 
 
 def _eagle(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
