@@ -244,7 +244,7 @@ def test_strategy_flags_are_accepted_by_the_strategies_that_read_them(capsys, tm
             value = {"--draft-confidence": "0.5", "--medusa-tree": "2,1"}.get(flag, "2")
             drafter = tmp_path / strategy  # a directory holding a drafter of the strategy's kind
             drafter.mkdir(exist_ok=True)
-            (drafter / "config.json").write_text(json.dumps({"kind": strategy}))
+            (drafter / "config.json").write_text(json.dumps({"kind": strategy, "heads": 4}))
             extra = ["--drafter", str(drafter)] if strategy in ("eagle", "medusa") and flag != "--drafter" else []
             if flag == "--drafter":
                 value = str(drafter)
