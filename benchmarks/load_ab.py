@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from step_ab import filled_caches  # benchmarks/ is on sys.path when this runs as a script
 from verispec.models.kernels import cpu_flags, kernel_isa
 from verispec.models.load import default_threads, load
 from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -30,12 +31,7 @@ def main() -> int:
     models = {(name, "mapped"): m for name, m in mapped.items()}
     models.update({(name, "copied"): copy.deepcopy(m) for name, m in mapped.items()})
     gen = torch.Generator().manual_seed(0)
-    caches = {}
-    for key, model in models.items():
-        cache = model.new_cache(args.context + 32)
-        model.forward(torch.randint(1000, (1, args.context), generator=gen), cache, last_n=1)
-        cache.commit(args.context)
-        caches[key] = cache
+    caches = filled_caches(models, args.context, gen)
     cases = [("target", 1), ("target", 5), ("draft", 1)]
     times: dict[tuple[str, int, str], list[float]] = {(n, k, p): [] for n, k in cases for p in ("mapped", "copied")}
     for rep in range(args.reps + 2):  # the first two are warm-up

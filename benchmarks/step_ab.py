@@ -28,6 +28,17 @@ MODES = {  # mode: ($VERISPEC_LAYER, $VERISPEC_ATTENTION)
 }
 
 
+def filled_caches(models: dict, context: int, gen: torch.Generator) -> dict:
+    """Per model, a cache holding `context` random tokens (room for 32 more), for forwards that commit nothing."""
+    caches = {}
+    for key, model in models.items():
+        cache = model.new_cache(context + 32)
+        model.forward(torch.randint(1000, (1, context), generator=gen), cache, last_n=1)
+        cache.commit(context)
+        caches[key] = cache
+    return caches
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--context", type=int, default=400)
@@ -41,12 +52,7 @@ def main() -> int:
               "draft": load(DEFAULT_DRAFT, dtype=args.draft_dtype).model}
     gen = torch.Generator().manual_seed(0)
     cases = [("target", int(k)) for k in args.sizes.split(",")] + [("draft", 1)]
-    caches = {}
-    for name, model in models.items():
-        cache = model.new_cache(args.context + 32)
-        model.forward(torch.randint(1000, (1, args.context), generator=gen), cache, last_n=1)
-        cache.commit(args.context)
-        caches[name] = cache
+    caches = filled_caches(models, args.context, gen)
     times: dict[tuple[str, int, str], list[float]] = {(n, k, m): [] for n, k in cases for m in MODES}
     for rep in range(args.reps + 2):  # the first two are warm-up
         for name, k in cases:

@@ -129,40 +129,39 @@ def _auto(target: LoadedModel, draft: LoadedModel | None, size: Size, options: S
     return DraftNgramProposer(adaptive, options.ngram_max, min_match=least)
 
 
-def drafter_dir(options: StrategyOptions, kind: str) -> str:
-    """The --drafter directory holding a `kind` drafter (its config.json says which)."""
+def drafter_dir(options: StrategyOptions, kind: str) -> tuple[str, dict]:
+    """The --drafter directory holding a `kind` drafter (its config.json says which), and that config."""
     import json
     from pathlib import Path
+
+    from verispec.models.files import DRAFTER_CONFIG
 
     make = f"make one with `verispec train-drafter --kind {kind}`"
     if not options.drafter:
         raise ValueError(f"strategy {kind!r} needs --drafter DIR ({make})")
-    kinds = {}
+    configs, kinds = {}, {}
     for d in options.drafter:
         try:
-            kinds[d] = json.loads((Path(d).expanduser() / "config.json").read_text()).get("kind")
+            configs[d] = json.loads((Path(d).expanduser() / DRAFTER_CONFIG).read_text())
+            kinds[d] = configs[d].get("kind")
         except (OSError, ValueError, AttributeError) as e:
-            raise ValueError(f"--drafter {d} is not a drafter directory (config.json: {e})") from None
+            raise ValueError(f"--drafter {d} is not a drafter directory ({DRAFTER_CONFIG}: {e})") from None
     found = [d for d, k in kinds.items() if k == kind]
     if not found:
         raise ValueError(f"strategy {kind!r}: no --drafter directory holds a {kind} drafter "
                          f"({', '.join(f'{d}: {k}' for d, k in kinds.items())}; {make})")
-    return found[0]
+    return found[0], configs[found[0]]
 
 
 def check_options(name: str, options: StrategyOptions) -> None:
     """ValueError (what to pass) where strategy `name` cannot run with these options: checked before a model loads
     (the CLI) or a request is queued (the server)."""
     if name in ("eagle", "medusa"):
-        directory = drafter_dir(options, name)
-        if name == "medusa" and options.medusa_tree:
-            import json
-            from pathlib import Path
-
-            heads = json.loads((Path(directory).expanduser() / "config.json").read_text()).get("heads", 0)
-            if len(options.medusa_tree) > heads:
-                raise ValueError(f"--medusa-tree gives {len(options.medusa_tree)} depths; the heads in {directory} "
-                                 f"guess {heads}")
+        directory, config = drafter_dir(options, name)
+        heads = config.get("heads", 0)
+        if name == "medusa" and len(options.medusa_tree) > heads:
+            raise ValueError(f"--medusa-tree gives {len(options.medusa_tree)} depths; the heads in {directory} "
+                             f"guess {heads}")
 
 
 def _eagle(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
@@ -170,7 +169,7 @@ def _eagle(target: LoadedModel, draft: LoadedModel | None, size: Size, options: 
     from verispec.models.eagle import load_drafter
 
     model = _native(target, "eagle")
-    drafter = load_drafter(drafter_dir(options, "eagle"), model, quantize_kind="w4a8-4bit" if _w4a8(model) else None)
+    drafter = load_drafter(drafter_dir(options, "eagle")[0], model, quantize_kind="w4a8-4bit" if _w4a8(model) else None)
     return EagleProposer(drafter, size.max_len, model.vocab_size, rows=size.rows, max_gamma=size.max_gamma)
 
 
@@ -180,7 +179,7 @@ def _medusa(target: LoadedModel, draft: LoadedModel | None, size: Size, options:
     from verispec.models.medusa import load_heads
 
     model = _native(target, "medusa")
-    heads = load_heads(drafter_dir(options, "medusa"), model, quantize_kind="w4a8-4bit" if _w4a8(model) else None)
+    heads = load_heads(drafter_dir(options, "medusa")[0], model, quantize_kind="w4a8-4bit" if _w4a8(model) else None)
     return MedusaProposer(heads, model.vocab_size, widths=options.medusa_tree)
 
 

@@ -17,7 +17,7 @@ from torch import Tensor
 from verispec.batch import Rows
 from verispec.models.medusa import MedusaHeads
 from verispec.proposers.base import Outcome, Proposal, ProposerStats
-from verispec.proposers.draft_model import probs_on_vocab, to_vocab
+from verispec.proposers.draft_model import probs_on_vocab
 from verispec.proposers.tree import draw_children
 from verispec.sampling import SamplingParams, argmax, sample
 
@@ -74,10 +74,10 @@ class MedusaProposer:
         qs: list[Tensor] = []
         level = [-1]  # the pending token
         for depth, width in enumerate(self.widths):
-            head = to_vocab(logits[depth], self.vocab_size)
             below = []
             for parent in level:
-                for token, q in zip(*_children(head, min(width, budget - len(tokens)), sampling, generator)):
+                for token, q in zip(*_children(logits[depth], min(width, budget - len(tokens)), sampling, generator,
+                                               self.vocab_size)):
                     below.append(len(tokens))
                     tokens.append(token)
                     parents.append(parent)
@@ -106,9 +106,10 @@ class MedusaProposer:
         return self._stats[row]
 
 
-def _children(logits: Tensor, k: int, sampling: SamplingParams, generator: torch.Generator) -> tuple[list, list]:
+def _children(logits: Tensor, k: int, sampling: SamplingParams, generator: torch.Generator,
+              vocab_size: int) -> tuple[list, list]:
     """draw_children, with a None q per child when greedy (greedy tree verification reads no q)."""
     if k < 1:
         return [], []
-    tokens, qs = draw_children(logits, k, sampling, generator)
+    tokens, qs = draw_children(logits, k, sampling, generator, vocab_size)
     return tokens, qs if qs else [None] * len(tokens)

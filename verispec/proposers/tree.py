@@ -23,20 +23,23 @@ from torch import Tensor
 from verispec.batch import Rows, Tree, make_rows, prefill
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Outcome, Proposal, ProposerStats
-from verispec.proposers.draft_model import to_vocab
-from verispec.sampling import SamplingParams, logits_to_probs
+from verispec.proposers.draft_model import probs_on_vocab
+from verispec.sampling import SamplingParams
 from verispec.theory import TreeShape, VerifyCost, flat_cost, plan_tree
 
 PRIOR_RANK_ACCEPT = (0.7, 0.12, 0.05, 0.02)  # r_j before a row has measured its own (the packaged pair, greedy)
 
 
-def draw_children(logits: Tensor, k: int, sampling: SamplingParams,
-                  generator: torch.Generator) -> tuple[list[int], list[Tensor]]:
-    """Up to k children of one node from the draft's logits [V]: greedy, its top-k (no q); sampled, draws without
-    replacement, each with the q it was drawn from (fewer than k where q has fewer tokens)."""
+def draw_children(logits: Tensor, k: int, sampling: SamplingParams, generator: torch.Generator,
+                  vocab_size: int | None = None) -> tuple[list[int], list[Tensor]]:
+    """Up to k children of one node from the draft's logits [V'] on a vocabulary of vocab_size ids (default V';
+    ids past V' have probability 0): greedy, its top-k (no q); sampled, draws without replacement, each with the
+    q [vocab_size] it was drawn from (fewer than k where q has fewer tokens)."""
+    vocab = logits.shape[-1] if vocab_size is None else vocab_size
     if sampling.greedy:
+        logits = logits[:vocab]
         return torch.topk(logits.float(), min(k, logits.shape[-1])).indices.tolist(), []
-    q = logits_to_probs(logits, sampling)
+    q = probs_on_vocab(logits, sampling, vocab)
     tokens, qs = [], []
     for _ in range(k):
         mass = q.sum()
@@ -153,7 +156,7 @@ class TreeDraftProposer:
                     t, shape = self.rows[rows[i]], shapes[i]
                     for node, lg in frontier[i]:
                         want = shape.children(drawn_shape[i][node]) if node >= 0 else shape.children(-1)
-                        kids, kq = draw_children(to_vocab(lg, self.vocab_size), len(want), sampling[i], generators[i])
+                        kids, kq = draw_children(lg, len(want), sampling[i], generators[i], self.vocab_size)
                         for rank, (x, shape_node) in enumerate(zip(kids, want)):
                             tokens[i].append(x)
                             t.parents.append(node)
