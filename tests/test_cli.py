@@ -62,6 +62,23 @@ def test_greedy_speculative_equals_plain(pair, capsys):
     assert plain["metrics"]["target_forwards"] == len(plain["token_ids"]) + 1 or plain["finish_reason"] == "eos"
 
 
+def test_penalties_and_logprobs_flags(pair, capsys):
+    plain = gen_json(pair, capsys, "--no-speculate", "--frequency-penalty", "1.5", "--logit-bias", "7=-100",
+                     "--logprobs", "2")
+    spec = gen_json(pair, capsys, "--strategy", "draft", "--gamma", "3", "--frequency-penalty", "1.5",
+                    "--logit-bias", "7=-100", "--logprobs", "2")
+    assert spec["token_ids"] == plain["token_ids"] != gen_json(pair, capsys, "--no-speculate")["token_ids"]
+    assert 7 not in spec["token_ids"]
+    assert [e["id"] for e in spec["logprobs"]] == spec["token_ids"]
+    assert all(len(e["top"]) == 2 and abs(e["logprob"] - f["logprob"]) < 1e-5
+               for e, f in zip(spec["logprobs"], plain["logprobs"], strict=True))
+    for bad, needle in ((["--logit-bias", "7"], "ID=BIAS"), (["--logit-bias", "99999=1"], "outside the vocabulary"),
+                        (["--repetition-penalty", "0"], "repetition penalty")):
+        code, _, err = run_inline(capsys, "generate", "x", "--target", str(pair[0]), "--no-speculate",
+                                  "--dtype", "float32", *bad)
+        assert code == 2 and needle in err and "Traceback" not in err, err
+
+
 def test_seeded_sampling_is_reproducible(pair, capsys):
     a = gen_json(pair, capsys, "--temperature", "0.8", "--seed", "7", "--top-p", "0.95")
     b = gen_json(pair, capsys, "--temperature", "0.8", "--seed", "7", "--top-p", "0.95")

@@ -35,7 +35,7 @@ from verispec.engine import Generation, GenerationParams, stream
 from verispec.models.llama import LlamaModel
 from verispec.proposers.base import Proposer
 from verispec.proposers.draft_model import DraftModelProposer
-from verispec.sampling import SamplingParams, logits_to_probs
+from verispec.sampling import Penalties, SamplingParams, logits_to_probs, penalize
 from verispec.verify import Verified, verify_chain, verify_tree
 
 PROMPT = [4, 4, 1]
@@ -51,12 +51,15 @@ T07_P09 = SamplingParams(temperature=0.7, top_p=0.9)
 
 
 # ---- exact law, noise floor, statistics ---------------------------------------------------------------------
-def exact_law(target: LlamaModel, sampling: SamplingParams, prompt: list[int] = PROMPT) -> np.ndarray:
-    """P(y1, y2, y3 | prompt) under the processed target, as a float64 [V, V, V] array (by enumeration)."""
+def exact_law(target: LlamaModel, sampling: SamplingParams, prompt: list[int] = PROMPT,
+              penalties: Penalties = Penalties()) -> np.ndarray:
+    """P(y1, y2, y3 | prompt) under the processed (and penalized) target, as a float64 [V, V, V] array (by
+    enumeration)."""
     V = target.vocab_size
 
     def probs(seq: list[int]) -> np.ndarray:
-        return logits_to_probs(fresh_logits(target, seq)[-1], sampling).double().numpy()
+        logits = penalize(fresh_logits(target, seq)[-1:], prompt, seq[len(prompt):], [[]], penalties)
+        return logits_to_probs(logits[0], sampling).double().numpy()
 
     law = np.zeros((V, V, V))
     p0 = probs(prompt)
@@ -120,14 +123,16 @@ class Run:
 
 def sample_engine(target: LlamaModel, draft: LlamaModel | None, sampling: SamplingParams, gamma: int,
                   seed_base: int, verifier=verify_chain, n: int = N, prompt: list[int] = PROMPT,
-                  make_proposer: Callable[[int], Proposer] | None = None, tree_verifier=verify_tree) -> Run:
+                  make_proposer: Callable[[int], Proposer] | None = None, tree_verifier=verify_tree,
+                  penalties: Penalties = Penalties()) -> Run:
     """make_proposer(max_len), if given, replaces the DraftModelProposer over `draft` (other proposers' tests)."""
     V = target.vocab_size
     counts = np.zeros((V,) * W, dtype=np.int64)
     max_new = max(W, gamma + 1)
     accepted = drafted = 0
     for i in range(n):
-        params = GenerationParams(max_new_tokens=max_new, gamma=gamma, sampling=sampling, seed=seed_base + i)
+        params = GenerationParams(max_new_tokens=max_new, gamma=gamma, sampling=sampling, seed=seed_base + i,
+                                  penalties=penalties)
         max_len = len(prompt) + max_new + gamma + 2
         if make_proposer is not None:
             proposer = make_proposer(max_len)
@@ -165,22 +170,24 @@ class Verdict:
                 f"-> {'PASS' if self.passes else 'REJECT'}")
 
 
-_laws: dict[SamplingParams, np.ndarray] = {}
-_floors: dict[SamplingParams, Floor] = {}
+_laws: dict[tuple[SamplingParams, Penalties], np.ndarray] = {}
+_floors: dict[tuple[SamplingParams, Penalties], Floor] = {}
 
 
 def check(target, draft, sampling, gamma, seed_base, verifier=verify_chain, label="",
-          make_proposer: Callable[[int], Proposer] | None = None) -> Verdict:
-    """The engine's law against the exact one (target: tiny_target; the laws are cached by sampling);
-    make_proposer(max_len), if given, replaces a DraftModelProposer over `draft`."""
-    if sampling not in _laws:
-        _laws[sampling] = exact_law(target, sampling)
-        _floors[sampling] = noise_floor(_laws[sampling], N, seed=12345)
-    law = _laws[sampling]
-    run = sample_engine(target, draft, sampling, gamma, seed_base, verifier, make_proposer=make_proposer)
-    verdict = Verdict(tv(run.counts, law), _floors[sampling], chi_square_pvalue(run.counts, law), run.alpha)
-    print(f"\n[{label or verifier.__name__}] T={sampling.temperature} top_p={sampling.top_p} gamma={gamma} N={N}: "
-          f"{verdict}")
+          make_proposer: Callable[[int], Proposer] | None = None, penalties: Penalties = Penalties()) -> Verdict:
+    """The engine's law against the exact one (target: tiny_target; the laws are cached by sampling and
+    penalties); make_proposer(max_len), if given, replaces a DraftModelProposer over `draft`."""
+    key = (sampling, penalties)
+    if key not in _laws:
+        _laws[key] = exact_law(target, sampling, penalties=penalties)
+        _floors[key] = noise_floor(_laws[key], N, seed=12345)
+    law = _laws[key]
+    run = sample_engine(target, draft, sampling, gamma, seed_base, verifier, make_proposer=make_proposer,
+                        penalties=penalties)
+    verdict = Verdict(tv(run.counts, law), _floors[key], chi_square_pvalue(run.counts, law), run.alpha)
+    print(f"\n[{label or verifier.__name__}] T={sampling.temperature} top_p={sampling.top_p} gamma={gamma} N={N}"
+          f"{'' if penalties.neutral else f' {penalties}'}: {verdict}")
     return verdict
 
 

@@ -27,7 +27,7 @@ from verispec.engine import GenerationParams, generate
 from verispec.models.load import load
 from verispec.proposers.base import Outcome
 from verispec.proposers.draft_model import DraftModelProposer
-from verispec.sampling import SamplingParams
+from verispec.sampling import Penalties, SamplingParams
 from verispec.strategies import StrategyOptions
 
 uvicorn = pytest.importorskip("uvicorn")
@@ -146,13 +146,15 @@ def client(url) -> Iterator[httpx.Client]:
 
 
 def reference(models: Models, prompt: list[int], max_tokens: int, *, temperature: float = 0.0, seed=None,
-              stop_fn=None, gamma: int = GAMMA) -> list[int]:
-    """What `verispec generate` produces: the engine with the draft proposer, same gamma."""
+              stop_fn=None, gamma: int = GAMMA, full: bool = False, **extra):
+    """What `verispec generate` produces: the engine with the draft proposer, same gamma (`extra`: more
+    GenerationParams). The token ids, or with full=True the Generation."""
     t, d = models.target, models.draft
     params = GenerationParams(max_new_tokens=max_tokens, gamma=gamma, sampling=SamplingParams(temperature=temperature),
-                              seed=seed, eos_ids=t.tokenizer.eos_ids)
+                              seed=seed, eos_ids=t.tokenizer.eos_ids, **extra)
     proposer = DraftModelProposer(d.model, len(prompt) + max_tokens + gamma + 2, vocab_size=t.model.vocab_size)
-    return generate(t.model, prompt, params, proposer, stop_fn=stop_fn).token_ids
+    result = generate(t.model, prompt, params, proposer, stop_fn=stop_fn)
+    return result if full else result.token_ids
 
 
 def complete(client: httpx.Client, prompt, max_tokens: int = 30, **kw) -> dict:
@@ -268,6 +270,50 @@ def test_seeded_sampling_alone_equals_generate_and_repeats(client, models):
     b = complete(client, text, 30, temperature=0.9, seed=11)["choices"][0]["token_ids"]
     assert a == b
     assert a == reference(models, models.target.tokenizer.encode(text), 30, temperature=0.9, seed=11)
+
+
+def test_penalties_and_logit_bias_equal_generate(client, models):
+    tok = models.target.tokenizer
+    ids = tok.encode(PROMPTS[2])
+    plain = complete(client, PROMPTS[2], 30)["choices"][0]["token_ids"]
+    assert len(plain) > 6
+    banned = plain[len(plain) // 2]
+    body = dict(frequency_penalty=1.2, presence_penalty=0.3, repetition_penalty=1.1, logit_bias={str(banned): -100})
+    got = complete(client, PROMPTS[2], 30, **body)["choices"][0]["token_ids"]
+    pen = Penalties(repetition=1.1, frequency=1.2, presence=0.3, logit_bias=((banned, -100.0),))
+    assert got == reference(models, ids, 30, penalties=pen) and got != plain and banned not in got
+    sampled = complete(client, PROMPTS[2], 30, temperature=0.8, seed=4, **body)["choices"][0]["token_ids"]
+    assert sampled == reference(models, ids, 30, temperature=0.8, seed=4, penalties=pen)
+
+
+def test_logprobs_equal_generate(client, models):
+    tok = models.target.tokenizer
+    ids = tok.encode(PROMPTS[0])
+    want = reference(models, ids, 20, full=True, logprobs=2)
+    lp = complete(client, PROMPTS[0], 20, logprobs=2)["choices"][0]["logprobs"]
+    assert lp["tokens"] == [tok.token_text(t) for t in want.token_ids]
+    assert max(abs(a - b.logprob) for a, b in zip(lp["token_logprobs"], want.logprobs, strict=True)) < 1e-5
+    assert [sorted(d.values(), reverse=True) for d in lp["top_logprobs"]] == \
+        [[pytest.approx(v, abs=1e-5) for _, v in w.top] for w in want.logprobs]
+    assert lp["text_offset"][0] == 0 and lp["text_offset"][1] == len(lp["tokens"][0])
+    # chat, whole and streamed: the same entries
+    messages = [{"role": "user", "content": "print ( x )"}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 12, "temperature": 0, "logprobs": True,
+            "top_logprobs": 3}
+    whole = client.post("/v1/chat/completions", json=body).json()["choices"][0]["logprobs"]["content"]
+    chat = reference(models, tok.chat(messages), 12, full=True, logprobs=3)
+    assert [e["token"] for e in whole] == [tok.token_text(t) for t in chat.token_ids]
+    assert all(abs(e["logprob"] - w.logprob) < 1e-5 and len(e["top_logprobs"]) == 3 and
+               e["bytes"] == list(e["token"].encode()) for e, w in zip(whole, chat.logprobs, strict=True))
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        events = sse(r.iter_lines())
+    streamed = [e for ev in events[:-1] for e in ((ev["choices"][0].get("logprobs") or {}).get("content") or [])]
+    assert streamed == whole
+    assert client.post("/v1/chat/completions", json={**body, "max_tokens": 3}).json()["choices"][0]["logprobs"]
+    plain = client.post("/v1/chat/completions", json={**body, "logprobs": False, "top_logprobs": None}).json()
+    assert plain["choices"][0]["logprobs"] is None
+    r = client.post("/v1/chat/completions", json={**body, "logprobs": False})
+    assert r.status_code == 400 and "top_logprobs needs logprobs" in r.json()["error"]["message"]
 
 
 def test_draft_per_request_gives_the_same_greedy_output(models):
@@ -453,7 +499,12 @@ BAD = [
     ("token id too large", {**OK, "prompt": [1, 10**6]}, "prompt"),
     ("token id negative", {**OK, "prompt": [-1]}, "prompt"),
     ("n = 2", {**OK, "n": 2}, "n"),
-    ("penalty", {**OK, "presence_penalty": 0.5}, "presence_penalty"),
+    ("penalty out of range", {**OK, "presence_penalty": 2.5}, "presence_penalty"),
+    ("repetition penalty 0", {**OK, "repetition_penalty": 0}, "repetition_penalty"),
+    ("logit_bias key", {**OK, "logit_bias": {"x": 1}}, "logit_bias"),
+    ("logit_bias value", {**OK, "logit_bias": {"5": 101}}, "logit_bias"),
+    ("logit_bias id too large", {**OK, "logit_bias": {str(10**6): 1}}, "logit_bias"),
+    ("logprobs 6", {**OK, "logprobs": 6}, "logprobs"),
     ("two prompts", {**OK, "prompt": ["x", "y"]}, "prompt"),
 ]
 

@@ -31,7 +31,9 @@ from verispec.batch import Rows, Tree, make_rows, prefill, tree_layout
 from verispec.metrics import RequestMetrics
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Outcome, PerRow, Proposal, Proposer, SequenceProposer
-from verispec.sampling import SamplingParams, make_generator
+from verispec.sampling import (
+    Penalties, SamplingParams, TokenLogprob, draft_paths, make_generator, penalize, token_logprobs,
+)
 from verispec.verify import ChainVerifier, TreeVerifier, verify, verify_chain, verify_tree
 
 log = logging.getLogger("verispec.engine")
@@ -48,8 +50,12 @@ class GenerationParams:
     sampling: SamplingParams = SamplingParams()
     seed: int | None = None
     eos_ids: tuple[int, ...] = ()
+    penalties: Penalties = Penalties()  # applied to the target at every verified position (sampling.penalize)
+    logprobs: int | None = None  # None: none; k >= 0: each emitted token's, with the k most likely beside it
 
     def __post_init__(self) -> None:
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.gamma < 1:
@@ -64,6 +70,7 @@ class Generation:
     finish_reason: str | None = None  # "length" | "eos" | "stop" | "error" | "cancelled"
     metrics: RequestMetrics | None = None
     error: BaseException | None = None  # why it ended, when finish_reason is "error"
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token id, where params.logprobs asks
 
 
 @dataclass
@@ -98,6 +105,7 @@ class Step:
     new: list[int]
     drafted: int
     accepted: int
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of `new`, where the sequence asks for them
 
 
 def apply_stops(out: list[int], emitted: list[int], params: GenerationParams,
@@ -286,7 +294,16 @@ class Batch:
         t0 = time.perf_counter()
         qs = [p.q if p is not None else None for p in proposals]
         parents = [p.parents if p is not None else None for p in proposals]
-        got = _per_row(lambda ii: verify([drafts[i] for i in ii], [logits[i] for i in ii], [qs[i] for i in ii],
+
+        def shaped(i: int) -> torch.Tensor:
+            """Row i's logits with its penalties, each position seeing the context it would have had."""
+            s = seqs[i]
+            if s.params.penalties.neutral:
+                return logits[i]
+            par = parents[i].tolist() if parents[i] is not None else None
+            return penalize(logits[i], s.prompt, s.out, draft_paths(drafts[i].tolist(), par), s.params.penalties)
+
+        got = _per_row(lambda ii: verify([drafts[i] for i in ii], [shaped(i) for i in ii], [qs[i] for i in ii],
                                          [seqs[i].params.sampling for i in ii], [seqs[i].generator for i in ii],
                                          self.verifier, parents=[parents[i] for i in ii], tree=self.tree_verifier),
                        list(range(len(seqs))), [s.generator for s in seqs])
@@ -316,6 +333,10 @@ class Batch:
                 except Exception as e:  # noqa: BLE001 - the row goes on target-only
                     self._fall_back(s, i, e)
             new, reason = apply_stops(s.out, emitted, s.params, s.stop_fn)
+            lps = []
+            if s.params.logprobs is not None and new:  # the target's own logits where each token was chosen
+                lps = token_logprobs(logits[i][kept[: len(new)]], new, s.params.logprobs)
+                s.result.logprobs.extend(lps)
             s.metrics.record_round(drafts[i].numel(), n, len(new))
             if s.proposer is not None:
                 stats = s.proposer.stats(i)
@@ -324,7 +345,7 @@ class Batch:
             if reason is not None:
                 s.result.finish_reason = reason
                 s.metrics.finish()
-            steps.append(Step(s, new, drafts[i].numel(), n))
+            steps.append(Step(s, new, drafts[i].numel(), n, lps))
         for s in seqs:
             if s.result.finish_reason is not None:
                 self.remove(s)

@@ -89,3 +89,106 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     else:
         g.manual_seed(seed)
     return g
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """Logit changes that depend on the context: OpenAI's frequency and presence penalties and logit_bias, and
+    the repetition penalty (vLLM's and transformers' convention). They change the target's law, so under
+    speculation they are applied at every position of the verification forward with the context that position
+    would have had (`penalize`): the output is then distributed exactly as the penalized target decoding alone.
+
+    repetition: > 0, 1 = off; a token seen in the prompt or the output has its logit divided by it where
+        positive and multiplied where negative.
+    frequency, presence: subtracted per occurrence of a token in the output / once if it occurs there.
+    logit_bias: (token id, bias) pairs added to those logits (OpenAI's -100 .. 100; -100 in effect bans one).
+    """
+
+    repetition: float = 1.0
+    frequency: float = 0.0
+    presence: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.repetition) or self.repetition <= 0:
+            raise ValueError(f"repetition penalty must be a finite number > 0, got {self.repetition}")
+        for name in ("frequency", "presence"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} penalty must be finite, got {getattr(self, name)}")
+        for token, bias in self.logit_bias:
+            if token < 0 or not math.isfinite(bias):
+                raise ValueError(f"logit bias {token}: {bias} needs a token id >= 0 and a finite bias")
+
+    @property
+    def neutral(self) -> bool:
+        return self.repetition == 1.0 and self.frequency == 0.0 and self.presence == 0.0 and not self.logit_bias
+
+
+def penalize(logits: Tensor, prompt: list[int], output: list[int], paths: list[list[int]],
+             penalties: Penalties) -> Tensor:
+    """Apply `penalties` to logits [T, V] of one forward, row t with the output so far followed by paths[t] (the
+    proposal's tokens before that position: [] for the first row, the drafts before it in a chain, a node's
+    ancestors and itself in a tree). Returns float32 [T, V]; plain decoding is T = 1 with paths [[]].
+
+    Worked example, output [7], chain drafts (5, 7): rows see outputs [7], [7, 5] and [7, 5, 7], so with
+    frequency 0.5 token 7's logit drops by 0.5, 0.5 and 1.0, token 5's by 0, 0.5 and 0.5.
+    """
+    x = logits.float().clone()
+    rows, vocab = x.shape
+    assert len(paths) == rows, (len(paths), rows)
+    if penalties.logit_bias:
+        ids = torch.tensor([t for t, _ in penalties.logit_bias], dtype=torch.long)
+        if int(ids.max()) >= vocab:
+            raise ValueError(f"logit_bias names token {int(ids.max())}, outside the vocabulary [0, {vocab})")
+        x[:, ids] += torch.tensor([b for _, b in penalties.logit_bias], dtype=x.dtype, device=x.device)
+    if penalties.repetition == 1.0 and penalties.frequency == 0.0 and penalties.presence == 0.0:
+        return x
+    counts = torch.zeros(rows, vocab, device=x.device)
+    if output:
+        counts += torch.bincount(torch.tensor(output), minlength=vocab).to(counts)[:vocab]
+    for t, path in enumerate(paths):
+        if path:
+            counts[t].index_add_(0, torch.tensor(path, device=x.device), torch.ones(len(path), device=x.device))
+    if penalties.repetition != 1.0:
+        seen = counts > 0
+        if prompt:
+            seen[:, torch.tensor(sorted(set(prompt)), device=x.device)] = True
+        r = penalties.repetition
+        x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+    if penalties.frequency:
+        x -= penalties.frequency * counts
+    if penalties.presence:
+        x -= penalties.presence * (counts > 0).to(x.dtype)
+    return x
+
+
+def draft_paths(draft: list[int], parents: list[int] | None) -> list[list[int]]:
+    """The proposal's tokens before each row of a verification forward over [pending] + draft: penalize's paths.
+    A chain's row t sees draft[:t]; a tree's row i + 1 sees node i's ancestors, root first, and node i."""
+    if parents is None:
+        return [draft[:t] for t in range(len(draft) + 1)]
+    paths: list[list[int]] = [[]]
+    for i, parent in enumerate(parents):
+        paths.append(paths[parent + 1] + [draft[i]])
+    return paths
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An emitted token's log-probability under the target's distribution, with the `top` most likely tokens
+    there: from the target's logits as the model computed them, before temperature, top-k/top-p and penalties
+    (vLLM's default), so they do not depend on the sampling settings or the proposer."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(logits: Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
+    """logits [n, V], row j the target's at the position that emitted tokens[j] -> their TokenLogprobs."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(-1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0].tolist()
+    if top <= 0:
+        return [TokenLogprob(t, c) for t, c in zip(tokens, chosen)]
+    values, ids = lp.topk(top, dim=-1)
+    return [TokenLogprob(t, c, tuple(zip(i, v))) for t, c, i, v in zip(tokens, chosen, ids.tolist(), values.tolist())]

@@ -24,6 +24,14 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
     gen.add_argument("--top-p", type=finite, default=1.0, help="in (0, 1]; 1 = off")
     gen.add_argument("--seed", type=int, default=None, help="makes sampled runs reproducible")
+    gen.add_argument("--repetition-penalty", type=finite, default=1.0,
+                     help="> 1 discourages tokens of the prompt and the output (1 = off)")
+    gen.add_argument("--frequency-penalty", type=finite, default=0.0, help="subtracted per earlier occurrence")
+    gen.add_argument("--presence-penalty", type=finite, default=0.0, help="subtracted once a token has occurred")
+    gen.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
+                     help="add BIAS to token ID's logit (repeatable; -100 in effect bans it)")
+    gen.add_argument("--logprobs", type=int, default=None, metavar="K",
+                     help="with --json: each token's log-probability and its K most likely alternatives")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -34,7 +42,7 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
 
 def _params(args: argparse.Namespace):
     from verispec.engine import GenerationParams
-    from verispec.sampling import SamplingParams
+    from verispec.sampling import Penalties, SamplingParams
 
     if args.prompt == "-":
         args.prompt = sys.stdin.read()
@@ -43,9 +51,22 @@ def _params(args: argparse.Namespace):
     gamma = gamma_of(args)
     try:
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-        return GenerationParams(max_new_tokens=args.max_new_tokens, gamma=gamma, sampling=sampling, seed=args.seed)
+        penalties = Penalties(repetition=args.repetition_penalty, frequency=args.frequency_penalty,
+                              presence=args.presence_penalty, logit_bias=tuple(_bias(b) for b in args.logit_bias))
+        return GenerationParams(max_new_tokens=args.max_new_tokens, gamma=gamma, sampling=sampling, seed=args.seed,
+                                penalties=penalties, logprobs=args.logprobs)
     except ValueError as e:
         fail(str(e))
+
+
+def _bias(text: str) -> tuple[int, float]:
+    token, sep, bias = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return int(token), float(bias)
+    except ValueError:
+        raise ValueError(f"--logit-bias takes ID=BIAS (e.g. 151643=-100), got {text!r}") from None
 
 
 def _proposer(strategy: str, target, draft, max_len: int, options):
@@ -73,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
     if defaulted:
         announce_defaults(args, strategy, draft is not None)
     tok = target.tokenizer
+    too_big = [t for t, _ in params.penalties.logit_bias if t >= len(tok)]
+    if too_big:
+        fail(f"--logit-bias: token id {too_big[0]} is outside the vocabulary [0, {len(tok)})")
     prompt = tok.chat(args.prompt) if args.chat else tok.encode(args.prompt)
     params = dataclasses.replace(params, eos_ids=tok.eos_ids)
     proposer = _proposer(strategy, target, draft, len(prompt) + params.max_new_tokens + params.gamma + 2, options)
@@ -94,13 +118,13 @@ def run(args: argparse.Namespace) -> int:
     tail = text.flush()
     metrics = result.metrics.to_dict() if result.metrics else {}
     if args.json:
-        print(json.dumps({
-            "text": text.text,
-            "token_ids": result.token_ids,
-            "finish_reason": result.finish_reason,
-            "strategy": strategy,
-            "metrics": metrics,
-        }))
+        out = {"text": text.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
+               "strategy": strategy, "metrics": metrics}
+        if params.logprobs is not None:
+            out["logprobs"] = [{"token": tok.token_text(lp.token), "id": lp.token, "logprob": lp.logprob,
+                                "top": [{"token": tok.token_text(t), "id": t, "logprob": v} for t, v in lp.top]}
+                               for lp in result.logprobs]
+        print(json.dumps(out))
     else:
         print(tail, flush=True)
         summary = f"[{metrics.get('new_tokens')} tokens, {metrics.get('tokens_per_s')} tok/s"

@@ -108,6 +108,11 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.backend.decode(ids, skip_special_tokens=True)
 
+    def token_text(self, token: int) -> str:
+        """One token's text as a logprobs entry shows it (a control token by its name; part of a character
+        as U+FFFD)."""
+        return self.backend.decode([token], skip_special_tokens=False)
+
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.hf, "chat_template", None))

@@ -30,10 +30,10 @@ from verispec.defaults import DEFAULT_STRATEGY
 from verispec.engine import GenerationParams
 from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
-from verispec.sampling import SamplingParams
+from verispec.sampling import Penalties, SamplingParams
 from verispec.proposers.base import Outcome, Proposal, Proposer, ProposerStats
 from verispec.server.metrics import ServerMetrics
-from verispec.server.scheduler import Delta, Done, Event, Failed, Request, Scheduler, SchedulerConfig
+from verispec.server.scheduler import Delta, Done, Event, Failed, Request, Scheduler, SchedulerConfig, TokenInfo
 from verispec.server.schemas import (
     APIError, ChatRequest, CompletionRequest, error_body, validation_error_body,
 )
@@ -341,8 +341,15 @@ def _params(app: FastAPI, body: CompletionRequest | ChatRequest, prompt: list[in
                        code="context_length_exceeded")
     sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p)
     tok = app.state.models.target.tokenizer
+    bias = tuple((int(k), v) for k, v in (body.logit_bias or {}).items())
+    bad = [t for t, _ in bias if t >= len(tok)]
+    if bad:
+        raise APIError(400, f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {len(tok)})",
+                       param="logit_bias", code="invalid_token_id")
+    penalties = Penalties(repetition=body.repetition_penalty, frequency=body.frequency_penalty,
+                          presence=body.presence_penalty, logit_bias=bias)
     return GenerationParams(max_new_tokens=max_tokens, gamma=settings.gamma, sampling=sampling, seed=body.seed,
-                            eos_ids=tok.eos_ids)
+                            eos_ids=tok.eos_ids, penalties=penalties, logprobs=body.top_logprobs_wanted())
 
 
 def _strategy(app: FastAPI, body: CompletionRequest | ChatRequest) -> str:
@@ -425,7 +432,7 @@ async def _serve(app: FastAPI, http: HTTPRequest, body: CompletionRequest | Chat
         return StreamingResponse(_sse(shape, events, request, include_usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
-        text, token_ids = [], []
+        text, token_ids, logprobs = [], [], []
         while True:
             try:
                 event = await asyncio.wait_for(events.get(), timeout=0.5)
@@ -437,10 +444,12 @@ async def _serve(app: FastAPI, http: HTTPRequest, body: CompletionRequest | Chat
             if isinstance(event, Delta):
                 text.append(event.text)
                 token_ids.extend(event.token_ids)
+                logprobs.extend(event.logprobs or [])
             elif isinstance(event, Failed):
                 raise APIError(500, event.message, type_="server_error")
             else:
-                return JSONResponse(shape.full("".join(text), token_ids, event))
+                wanted = params.logprobs is not None
+                return JSONResponse(shape.full("".join(text), token_ids, event, logprobs if wanted else None))
     finally:
         request.cancel()  # a no-op once finished; frees the row if the handler is left early
 
@@ -459,27 +468,47 @@ class _Shape:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def full(self, text: str, token_ids: list[int], done: Done) -> dict[str, Any]:
+    def logprobs(self, infos: list[TokenInfo] | None, offset: int = 0) -> dict[str, Any] | None:
+        """A choice's `logprobs` in OpenAI's shape for this endpoint (None where not asked for); offset: the
+        characters of completion text before these tokens (the legacy shape's text_offset)."""
+        if infos is None:
+            return None
+        if self.chat:
+            def entry(text: str, lp: float) -> dict[str, Any]:
+                return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+            content = [{**entry(t.text, t.logprob), "top_logprobs": [entry(a, v) for a, v in t.top]} for t in infos]
+            return {"content": content, "refusal": None}
+        offsets = []
+        for t in infos:
+            offsets.append(offset)
+            offset += len(t.text)
+        return {"tokens": [t.text for t in infos], "token_logprobs": [t.logprob for t in infos],
+                "top_logprobs": [dict(t.top) for t in infos], "text_offset": offsets}
+
+    def full(self, text: str, token_ids: list[int], done: Done,
+             logprobs: list[TokenInfo] | None = None) -> dict[str, Any]:
+        lp = self.logprobs(logprobs)
         if self.chat:
             message = {"role": "assistant", "content": text, "refusal": None}  # OpenAI's shape, echoed back as is
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": done.finish_reason}
+            choice = {"index": 0, "message": message, "logprobs": lp, "finish_reason": done.finish_reason}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": done.finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": done.finish_reason}
         if self.token_ids:
             choice["token_ids"] = token_ids
         return {**self._head(False), "choices": [choice], "usage": done.usage}
 
     def chunk(self, text: str | None, token_ids: list[int] | None, finish_reason: str | None,
-              role: bool = False) -> dict[str, Any]:
+              role: bool = False, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs,
+                                      "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         if self.token_ids and token_ids is not None:
             choice["token_ids"] = token_ids
         return {**self._head(True), "choices": [choice]}
@@ -502,11 +531,14 @@ async def _sse(shape: _Shape, events: asyncio.Queue, request: Request, include_u
     try:
         if shape.chat:
             yield _data(shape.chunk("", [], None, role=True))
+        offset = 0  # completion characters of the tokens sent so far (logprobs' text_offset)
         while True:
             event = await events.get()
             if isinstance(event, Delta):
-                if event.text or shape.token_ids:
-                    yield _data(shape.chunk(event.text, event.token_ids, None))
+                lp = shape.logprobs(event.logprobs, offset) if event.logprobs else None
+                offset += sum(len(t.text) for t in event.logprobs or [])
+                if event.text or shape.token_ids or lp:
+                    yield _data(shape.chunk(event.text, event.token_ids, None, logprobs=lp))
             elif isinstance(event, Failed):
                 yield _data(error_body(event.message, "server_error", None, None))
                 break

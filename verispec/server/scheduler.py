@@ -43,9 +43,19 @@ log = logging.getLogger("verispec.server")
 
 
 @dataclass(frozen=True)
+class TokenInfo:
+    """One emitted token's log-probability for a response's `logprobs`: its text, and its alternatives'."""
+
+    text: str
+    logprob: float
+    top: list[tuple[str, float]]
+
+
+@dataclass(frozen=True)
 class Delta:
     text: str
     token_ids: list[int]
+    logprobs: list[TokenInfo] | None = None  # one per token id, where the request asked for them
 
 
 @dataclass(frozen=True)
@@ -231,9 +241,14 @@ class Scheduler:
                     stream.first_token_at = time.perf_counter()
                     self.metrics.ttft.observe(stream.first_token_at - stream.request.arrival)
                 self.metrics.generation_tokens.inc(len(step.new))
+                infos = None
                 with self.tokenizer_lock:
                     delta = stream.text.push(step.new)
-                stream.request.sink(Delta(delta, step.new))
+                    if step.logprobs:
+                        text = self.tokenizer.token_text
+                        infos = [TokenInfo(text(lp.token), lp.logprob, [(text(t), v) for t, v in lp.top])
+                                 for lp in step.logprobs]
+                stream.request.sink(Delta(delta, step.new, infos))
             if seq.result.finish_reason is not None:
                 try:
                     self._send_last(seq)

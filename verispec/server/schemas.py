@@ -3,8 +3,8 @@
 Requests are strict: a number sent as a string, an unknown field or a value out of range is a 400 with
 `{"error": {"message", "type", "param", "code"}}`, never a silent coercion. JSON `null` for an optional field
 means its default, as the official client sends it. Fields OpenAI defines but verispec does not implement
-(penalties, logprobs, tools, echo, n > 1, ...) are accepted only at their neutral value, and otherwise refused as
-"not supported by verispec", so a client never gets something other than what it asked for without being told.
+(tools, echo, n > 1, ...) are accepted only at their neutral value, and otherwise refused as "not supported by
+verispec", so a client never gets something other than what it asked for without being told.
 """
 
 from __future__ import annotations
@@ -38,9 +38,6 @@ def _not_supported(*neutral: Any, why: str = "") -> Any:
     return Annotated[Any, BeforeValidator(check)]
 
 
-_CHANGES_THE_LAW = "it would change the target's distribution"
-_Zero = _not_supported(0, why=_CHANGES_THE_LAW)
-_NoLogprobs = _not_supported(False, 0)
 _NoTools = _not_supported([], why="no tool or function calling")
 _NoToolChoice = _not_supported("none", why="no tool or function calling")
 _Absent = _not_supported()
@@ -81,13 +78,42 @@ class _Sampling(_Body):
     safety_identifier: Str | None = None
     return_token_ids: Bool = False  # extension: token ids beside the text (what `verispec generate --json` shows)
     strategy: Str | None = None  # extension: the drafting strategy for this request (default: the server's)
+    # applied to the target at every verified position (sampling.Penalties): exact under speculation
+    presence_penalty: Float = 0.0
+    frequency_penalty: Float = 0.0
+    repetition_penalty: Float = 1.0  # extension (vLLM's): > 1 discourages tokens of the prompt and the output
+    logit_bias: dict[Str, Float] | None = None  # token id (as a string, as OpenAI sends it) -> -100 .. 100
     # OpenAI's, not implemented: accepted at their neutral value only.
     n: _not_supported(1, why="one choice per request") = None
-    presence_penalty: _Zero = None
-    frequency_penalty: _Zero = None
-    logit_bias: _not_supported({}, why=_CHANGES_THE_LAW) = None
-    logprobs: _NoLogprobs = None
     service_tier: _not_supported("auto", "default") = None
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _penalty(cls, v: float) -> float:
+        if not math.isfinite(v) or not -2.0 <= v <= 2.0:
+            raise ValueError("must be a number in [-2, 2]")
+        return v
+
+    @field_validator("repetition_penalty")
+    @classmethod
+    def _repetition(cls, v: float) -> float:
+        if not math.isfinite(v) or not 0.0 < v <= 10.0:
+            raise ValueError("must be a number in (0, 10]")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return None
+        if len(v) > 1024:
+            raise ValueError("at most 1024 entries")
+        for key, bias in v.items():
+            if not key.isascii() or not key.isdigit():
+                raise ValueError(f"keys must be token ids written as decimal strings, got {key[:20]!r}")
+            if not math.isfinite(bias) or not -100.0 <= bias <= 100.0:
+                raise ValueError(f"biases must be numbers in [-100, 100], got {bias} for token {key}")
+        return v
 
     @field_validator("temperature")
     @classmethod
@@ -138,9 +164,21 @@ TokenIds = list[Int]
 
 class CompletionRequest(_Sampling):
     prompt: Str | TokenIds | list[Str] | list[TokenIds]
+    logprobs: Int | None = None  # the sampled tokens' log-probabilities and this many alternatives (0 .. 5)
     echo: _not_supported(False) = None
     best_of: _not_supported(1, why="one choice per request") = None
     suffix: _not_supported("") = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, v: int | None) -> int | None:
+        if v is not None and not 0 <= v <= 5:
+            raise ValueError("must be in [0, 5]")
+        return v
+
+    def top_logprobs_wanted(self) -> int | None:
+        """None: no logprobs; k: each token's and its k most likely alternatives'."""
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -201,7 +239,8 @@ class Message(_Body):
 class ChatRequest(_Sampling):
     messages: list[Message]
     max_completion_tokens: Int | None = None  # the newer name for max_tokens
-    top_logprobs: _not_supported(0) = None
+    logprobs: Bool = False  # the sampled tokens' log-probabilities (the target's)
+    top_logprobs: Int | None = None  # with logprobs: this many most likely alternatives per token (0 .. 20)
     tools: _NoTools = None
     tool_choice: _NoToolChoice = None
     parallel_tool_calls: _not_supported(True, False) = None  # inert without tools
@@ -228,11 +267,20 @@ class ChatRequest(_Sampling):
 
     @model_validator(mode="after")
     def _one_limit(self) -> "ChatRequest":
+        if self.top_logprobs is not None:
+            if not 0 <= self.top_logprobs <= 20:
+                raise ValueError("top_logprobs must be in [0, 20]")
+            if not self.logprobs:
+                raise ValueError("top_logprobs needs logprobs: true")
         if self.max_completion_tokens is not None:
             if self.max_completion_tokens < 1:
                 raise ValueError("max_completion_tokens must be at least 1")
             self.max_tokens = self.max_completion_tokens
         return self
+
+    def top_logprobs_wanted(self) -> int | None:
+        """None: no logprobs; k: each token's and its k most likely alternatives'."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def chat_messages(self) -> list[dict[str, str]]:
         role = {"developer": "system"}
