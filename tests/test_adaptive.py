@@ -111,7 +111,7 @@ class CheckedAdaptive(AdaptiveGammaProposer):
         super().reset(row, prompt, target)
         self.text, self.checked, self.short = list(prompt), 0, 0
 
-    def propose(self, rows, gammas, sampling, generators):
+    def propose(self, rows, gammas, sampling, generators, shapes=None):
         proposals = super().propose(rows, gammas, sampling, generators)
         self.short += proposals[0].tokens.numel() < self.gammas[-1]
         return proposals

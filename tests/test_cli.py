@@ -79,6 +79,22 @@ def test_penalties_and_logprobs_flags(pair, capsys):
         assert code == 2 and needle in err and "Traceback" not in err, err
 
 
+def test_regex_flag(pair, capsys):
+    import re
+
+    regex = r"(x|y|a)(\+(x|y|1|2)){2,6}"
+    plain = gen_json(pair, capsys, "--no-speculate", "--regex", regex)
+    spec = gen_json(pair, capsys, "--strategy", "draft", "--gamma", "3", "--regex", regex)
+    assert spec["token_ids"] == plain["token_ids"] and spec["finish_reason"] == "eos"
+    assert re.fullmatch(regex, spec["text"].replace(" ", "")), spec["text"]
+    for bad, needle in ((["--regex", "(x"], "--regex: invalid regex"), (["--json-schema", "/nonexistent.json"],
+                                                                       "cannot read"),
+                        (["--json-schema", "{"], "not valid JSON")):
+        code, _, err = run_inline(capsys, "generate", "x", "--target", str(pair[0]), "--no-speculate",
+                                  "--dtype", "float32", *bad)
+        assert code == 2 and needle in err and "Traceback" not in err, err
+
+
 def test_seeded_sampling_is_reproducible(pair, capsys):
     a = gen_json(pair, capsys, "--temperature", "0.8", "--seed", "7", "--top-p", "0.95")
     b = gen_json(pair, capsys, "--temperature", "0.8", "--seed", "7", "--top-p", "0.95")

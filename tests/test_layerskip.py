@@ -122,7 +122,7 @@ class CheckedLayerSkip(LayerSkipProposer):
         self.text = list(prompt)
         self.checked = self.cache_checks = 0
 
-    def propose(self, rows, gammas, sampling, generators):
+    def propose(self, rows, gammas, sampling, generators, shapes=None):
         length = self.target.length(rows[0])
         proposal = super().propose(rows, gammas, sampling, generators)[0]
         assert self.target.length(rows[0]) == length == len(self.text) - 1

@@ -32,6 +32,7 @@ from scipy import stats
 
 from tests.conftest import fresh_logits
 from verispec.engine import Generation, GenerationParams, stream
+from verispec.grammar import Constraint, mask_logits
 from verispec.models.llama import LlamaModel
 from verispec.proposers.base import Proposer
 from verispec.proposers.draft_model import DraftModelProposer
@@ -52,14 +53,19 @@ T07_P09 = SamplingParams(temperature=0.7, top_p=0.9)
 
 # ---- exact law, noise floor, statistics ---------------------------------------------------------------------
 def exact_law(target: LlamaModel, sampling: SamplingParams, prompt: list[int] = PROMPT,
-              penalties: Penalties = Penalties()) -> np.ndarray:
-    """P(y1, y2, y3 | prompt) under the processed (and penalized) target, as a float64 [V, V, V] array (by
-    enumeration)."""
+              penalties: Penalties = Penalties(), constraint: Callable[[], Constraint] | None = None) -> np.ndarray:
+    """P(y1, y2, y3 | prompt) under the processed (penalized, grammar-masked) target, as a float64 [V, V, V]
+    array (by enumeration). constraint(): a fresh grammar state."""
     V = target.vocab_size
 
     def probs(seq: list[int]) -> np.ndarray:
-        logits = penalize(fresh_logits(target, seq)[-1:], prompt, seq[len(prompt):], [[]], penalties)
-        return logits_to_probs(logits[0], sampling).double().numpy()
+        logits = penalize(fresh_logits(target, seq)[-1:], prompt, seq[len(prompt):], [[]], penalties)[0]
+        if constraint is not None:
+            allowed = constraint().allowed(seq[len(prompt):])
+            if allowed is None:  # a prefix the grammar forbids (probability 0 already)
+                return np.zeros(V)
+            logits = mask_logits(logits, allowed)
+        return logits_to_probs(logits, sampling).double().numpy()
 
     law = np.zeros((V, V, V))
     p0 = probs(prompt)
@@ -124,7 +130,7 @@ class Run:
 def sample_engine(target: LlamaModel, draft: LlamaModel | None, sampling: SamplingParams, gamma: int,
                   seed_base: int, verifier=verify_chain, n: int = N, prompt: list[int] = PROMPT,
                   make_proposer: Callable[[int], Proposer] | None = None, tree_verifier=verify_tree,
-                  penalties: Penalties = Penalties()) -> Run:
+                  penalties: Penalties = Penalties(), constraint: Callable[[], Constraint] | None = None) -> Run:
     """make_proposer(max_len), if given, replaces the DraftModelProposer over `draft` (other proposers' tests)."""
     V = target.vocab_size
     counts = np.zeros((V,) * W, dtype=np.int64)
@@ -141,7 +147,7 @@ def sample_engine(target: LlamaModel, draft: LlamaModel | None, sampling: Sampli
         res = Generation()
         out: list[int] = []
         for new in stream(target, prompt, params, proposer, result=res, verifier=verifier,
-                          tree_verifier=tree_verifier):
+                          tree_verifier=tree_verifier, constraint=constraint() if constraint else None):
             out += new
             if len(out) >= W:
                 break
@@ -170,21 +176,22 @@ class Verdict:
                 f"-> {'PASS' if self.passes else 'REJECT'}")
 
 
-_laws: dict[tuple[SamplingParams, Penalties], np.ndarray] = {}
-_floors: dict[tuple[SamplingParams, Penalties], Floor] = {}
+_laws: dict[tuple, np.ndarray] = {}
+_floors: dict[tuple, Floor] = {}
 
 
 def check(target, draft, sampling, gamma, seed_base, verifier=verify_chain, label="",
-          make_proposer: Callable[[int], Proposer] | None = None, penalties: Penalties = Penalties()) -> Verdict:
-    """The engine's law against the exact one (target: tiny_target; the laws are cached by sampling and
-    penalties); make_proposer(max_len), if given, replaces a DraftModelProposer over `draft`."""
-    key = (sampling, penalties)
+          make_proposer: Callable[[int], Proposer] | None = None, penalties: Penalties = Penalties(),
+          constraint: Callable[[], Constraint] | None = None) -> Verdict:
+    """The engine's law against the exact one (target: tiny_target; the laws are cached by sampling, penalties
+    and grammar); make_proposer(max_len), if given, replaces a DraftModelProposer over `draft`."""
+    key = (sampling, penalties, constraint)
     if key not in _laws:
-        _laws[key] = exact_law(target, sampling, penalties=penalties)
+        _laws[key] = exact_law(target, sampling, penalties=penalties, constraint=constraint)
         _floors[key] = noise_floor(_laws[key], N, seed=12345)
     law = _laws[key]
     run = sample_engine(target, draft, sampling, gamma, seed_base, verifier, make_proposer=make_proposer,
-                        penalties=penalties)
+                        penalties=penalties, constraint=constraint)
     verdict = Verdict(tv(run.counts, law), _floors[key], chi_square_pvalue(run.counts, law), run.alpha)
     print(f"\n[{label or verifier.__name__}] T={sampling.temperature} top_p={sampling.top_p} gamma={gamma} N={N}"
           f"{'' if penalties.neutral else f' {penalties}'}: {verdict}")

@@ -295,7 +295,7 @@ class CheckedMix(DraftNgramProposer):
         super().reset(row, prompt, target)
         self.text, self.checked, self.used_ngram = list(prompt), 0, False
 
-    def propose(self, rows, gammas, sampling, generators):
+    def propose(self, rows, gammas, sampling, generators, shapes=None):
         before = self.ngram_rounds
         proposal = super().propose(rows, gammas, sampling, generators)[0]
         self.used_ngram = self.ngram_rounds > before

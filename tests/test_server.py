@@ -316,6 +316,30 @@ def test_logprobs_equal_generate(client, models):
     assert r.status_code == 400 and "top_logprobs needs logprobs" in r.json()["error"]["message"]
 
 
+def test_response_format_regex_is_followed_and_equals_generate(client, models):
+    from verispec.grammar import GrammarCompiler, GrammarSpec
+
+    regex = r"(x|y|a)(\+(x|y|1|2)){2,6}"
+    tok = models.target.tokenizer
+    compiler = GrammarCompiler(tok, models.target.model.vocab_size, tok.eos_ids)
+    fmt = {"type": "regex", "regex": regex}
+    for text in PROMPTS[:3]:
+        got = complete(client, text, 40, response_format=fmt)["choices"][0]
+        assert re.fullmatch(regex, "".join(tok.token_text(t) for t in got["token_ids"])), got
+        ids = tok.encode(text)
+        t, d = models.target, models.draft
+        params = GenerationParams(max_new_tokens=40, gamma=GAMMA, eos_ids=tok.eos_ids)
+        want = generate(t.model, ids, params, DraftModelProposer(d.model, len(ids) + 40 + GAMMA + 2),
+                        constraint=compiler.constraint(GrammarSpec("regex", regex))).token_ids
+        assert got["token_ids"] == want
+        sampled = complete(client, text, 40, response_format=fmt, temperature=1.0, seed=9)["choices"][0]
+        assert re.fullmatch(regex, "".join(tok.token_text(t) for t in sampled["token_ids"])), sampled
+    for bad, needle in (({"type": "regex", "regex": "(x"}, "invalid regex"), ({"type": "json_schema"}, "json_schema"),
+                        ({"type": "xml"}, "response_format")):
+        r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 4, "response_format": bad})
+        assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
+
+
 def test_draft_per_request_gives_the_same_greedy_output(models):
     with live(create_app(settings(batch_draft=False), models=models)) as base, httpx.Client(base_url=base) as c:
         outs = {}

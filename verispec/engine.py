@@ -28,11 +28,12 @@ from typing import Any, TypeVar
 import torch
 
 from verispec.batch import Rows, Tree, make_rows, prefill, tree_layout
+from verispec.grammar import Constraint, mask_logits
 from verispec.metrics import RequestMetrics
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Outcome, PerRow, Proposal, Proposer, SequenceProposer
 from verispec.sampling import (
-    Penalties, SamplingParams, TokenLogprob, draft_paths, make_generator, penalize, token_logprobs,
+    Penalties, SamplingParams, Shaper, TokenLogprob, draft_paths, make_generator, penalize, token_logprobs,
 )
 from verispec.verify import ChainVerifier, TreeVerifier, verify, verify_chain, verify_tree
 
@@ -86,10 +87,29 @@ class Sequence:
     pending: int
     tag: Any = None
     fell_back: bool = False  # its proposer failed
+    constraint: Constraint | None = None  # a grammar the output must follow (verispec.grammar)
 
     @property
     def out(self) -> list[int]:
         return self.result.token_ids
+
+    def shaper(self) -> Shaper | None:
+        """Its penalties and grammar as a Shaper (None where it has neither): what the round applies to the
+        target at every verified position, and hands the proposer for its drafts."""
+        penalties, constraint = self.params.penalties, self.constraint
+        if penalties.neutral and constraint is None:
+            return None
+
+        def shape(logits: torch.Tensor, path: list[int]) -> torch.Tensor:
+            if not penalties.neutral:
+                logits = penalize(logits[None], self.prompt, self.out, [path], penalties)[0]
+            if constraint is not None:
+                allowed = constraint.allowed(path)
+                if allowed is not None:  # else an earlier draft breaks the grammar: this position is never reached
+                    logits = mask_logits(logits, allowed)
+            return logits
+
+        return shape
 
     @property
     def metrics(self) -> RequestMetrics:
@@ -178,9 +198,11 @@ class Batch:
         return self.target.max_len
 
     def add(self, prompt: list[int], params: GenerationParams, proposer: Proposer | None = None, *,
-            stop_fn: StopFn | None = None, tag: Any = None, result: Generation | None = None) -> Sequence:
+            stop_fn: StopFn | None = None, tag: Any = None, result: Generation | None = None,
+            constraint: Constraint | None = None) -> Sequence:
         """Prefill a sequence into the next free row; `result` (default a new Generation) receives its ids,
-        finish reason and metrics as they come. Raises ValueError for a request that cannot run."""
+        finish reason and metrics as they come; `constraint`: a grammar its output follows (one per sequence).
+        Raises ValueError for a request that cannot run."""
         if not prompt:
             raise ValueError("the prompt is empty")
         if len(self.live) >= self.target.rows:
@@ -196,7 +218,7 @@ class Batch:
         metrics.prefill_seconds = time.perf_counter() - t0
         seq = Sequence(prompt=prompt, params=params, proposer=proposer, stop_fn=stop_fn,
                        generator=make_generator(params.seed, self.target.model.device), result=result,
-                       pending=prompt[-1], tag=tag)
+                       pending=prompt[-1], tag=tag, constraint=constraint)
         self.live.append(seq)
         if proposer is not None:
             t0 = time.perf_counter()
@@ -253,11 +275,12 @@ class Batch:
         gammas = [min(s.params.gamma, s.params.max_new_tokens - len(s.out) - 1)
                   if speculate and s.proposer is not None else 0 for s in seqs]
         proposals: list[Proposal | None] = [None] * len(seqs)
+        shapes = [s.shaper() for s in seqs]
         for proposer in {id(s.proposer): s.proposer for s, g in zip(seqs, gammas) if g > 0}.values():
             idx = [i for i, s in enumerate(seqs) if s.proposer is proposer and gammas[i] > 0]
             got = _per_row(lambda ii: proposer.propose(ii, [gammas[i] for i in ii],
                                                        [seqs[i].params.sampling for i in ii],
-                                                       [seqs[i].generator for i in ii]),
+                                                       [seqs[i].generator for i in ii], [shapes[i] for i in ii]),
                            idx, [seqs[i].generator for i in idx])
             for i, p in zip(idx, got):
                 if isinstance(p, BaseException):
@@ -296,12 +319,14 @@ class Batch:
         parents = [p.parents if p is not None else None for p in proposals]
 
         def shaped(i: int) -> torch.Tensor:
-            """Row i's logits with its penalties, each position seeing the context it would have had."""
-            s = seqs[i]
-            if s.params.penalties.neutral:
+            """Row i's logits with its penalties and grammar, each position seeing the context it would have had
+            (the output, then the drafts before it)."""
+            shape = shapes[i]
+            if shape is None:
                 return logits[i]
             par = parents[i].tolist() if parents[i] is not None else None
-            return penalize(logits[i], s.prompt, s.out, draft_paths(drafts[i].tolist(), par), s.params.penalties)
+            paths = draft_paths(drafts[i].tolist(), par)
+            return torch.stack([shape(row, path) for row, path in zip(logits[i], paths)])
 
         got = _per_row(lambda ii: verify([drafts[i] for i in ii], [shaped(i) for i in ii], [qs[i] for i in ii],
                                          [seqs[i].params.sampling for i in ii], [seqs[i].generator for i in ii],
@@ -333,6 +358,13 @@ class Batch:
                 except Exception as e:  # noqa: BLE001 - the row goes on target-only
                     self._fall_back(s, i, e)
             new, reason = apply_stops(s.out, emitted, s.params, s.stop_fn)
+            if s.constraint is not None and reason is None:
+                try:
+                    s.constraint.advance(new)
+                except Exception as e:  # noqa: BLE001 - this row alone
+                    self._fail(s, e)
+                    steps.append(Step(s, [], drafts[i].numel(), n))
+                    continue
             lps = []
             if s.params.logprobs is not None and new:  # the target's own logits where each token was chosen
                 lps = token_logprobs(logits[i][kept[: len(new)]], new, s.params.logprobs)
@@ -369,6 +401,7 @@ def stream(
     stop_fn: StopFn | None = None,
     verifier: ChainVerifier = verify_chain,
     tree_verifier: TreeVerifier = verify_tree,
+    constraint: Constraint | None = None,
 ) -> Iterator[list[int]]:
     """Yield the new tokens of each round of one sequence (a Batch of one row); `result` receives ids, finish
     reason and metrics. A proposer built for one row (strategies.make_proposer's default) serves it."""
@@ -378,7 +411,7 @@ def stream(
     # remaining length leaves room, and is left out of the last rounds otherwise.
     batch = Batch(target, 1, len(prompt) + params.max_new_tokens, slack=params.gamma + 2, verifier=verifier,
                   tree_verifier=tree_verifier)
-    seq = batch.add(prompt, params, as_proposer(proposer), stop_fn=stop_fn, result=result)
+    seq = batch.add(prompt, params, as_proposer(proposer), stop_fn=stop_fn, result=result, constraint=constraint)
     while batch.live:
         for step in batch.round():
             if step.new:

@@ -7,11 +7,17 @@ top-p must be applied to both sides; this module is the single place where that 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+
+# A row's context-dependent logit changes (penalties, a grammar mask): shaper(logits [V], path) gives the logits
+# of the position after the row's committed output followed by `path` (tokens proposed before it this round).
+# The round applies it to the target at every verified position and hands it to the proposer for its drafts.
+Shaper = Callable[[Tensor, list[int]], Tensor]
 
 # The smallest normal float32: below it the temperature itself would round to 0 (or a subnormal) in float32.
 MIN_TEMPERATURE = 1.1754943508222875e-38

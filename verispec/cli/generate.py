@@ -30,6 +30,11 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     gen.add_argument("--presence-penalty", type=finite, default=0.0, help="subtracted once a token has occurred")
     gen.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
                      help="add BIAS to token ID's logit (repeatable; -100 in effect bans it)")
+    fmt = gen.add_mutually_exclusive_group()
+    fmt.add_argument("--json-schema", metavar="SCHEMA",
+                     help="the output is JSON following this schema (a file, or the schema's JSON text)")
+    fmt.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    fmt.add_argument("--regex", help="the output matches this regular expression")
     gen.add_argument("--logprobs", type=int, default=None, metavar="K",
                      help="with --json: each token's log-probability and its K most likely alternatives")
     gen.add_argument("--max-new-tokens", type=int, default=128)
@@ -57,6 +62,33 @@ def _params(args: argparse.Namespace):
                                 penalties=penalties, logprobs=args.logprobs)
     except ValueError as e:
         fail(str(e))
+
+
+def _constraint(args: argparse.Namespace, target):
+    """The grammar state for --json-schema / --json-object / --regex (None without them)."""
+    from pathlib import Path
+
+    from verispec.grammar import GrammarCompiler, GrammarSpec
+
+    if args.json_schema is not None:
+        source = args.json_schema
+        if not source.lstrip().startswith("{"):
+            try:
+                source = Path(source).read_text()
+            except OSError as e:
+                fail(f"--json-schema: cannot read {args.json_schema}: {e.strerror}")
+        spec = GrammarSpec("json_schema", source)
+    elif args.json_object:
+        spec = GrammarSpec("json_object")
+    elif args.regex is not None:
+        spec = GrammarSpec("regex", args.regex)
+    else:
+        return None
+    tok = target.tokenizer
+    try:
+        return GrammarCompiler(tok, target.model.vocab_size, tok.eos_ids).constraint(spec)
+    except ValueError as e:
+        fail(f"--{spec.kind.replace('_', '-')}: {e}")
 
 
 def _bias(text: str) -> tuple[int, float]:
@@ -97,13 +129,15 @@ def run(args: argparse.Namespace) -> int:
     too_big = [t for t, _ in params.penalties.logit_bias if t >= len(tok)]
     if too_big:
         fail(f"--logit-bias: token id {too_big[0]} is outside the vocabulary [0, {len(tok)})")
+    constraint = _constraint(args, target)
     prompt = tok.chat(args.prompt) if args.chat else tok.encode(args.prompt)
     params = dataclasses.replace(params, eos_ids=tok.eos_ids)
     proposer = _proposer(strategy, target, draft, len(prompt) + params.max_new_tokens + params.gamma + 2, options)
     text = TextStream(tok, args.stop)
     result = Generation()
     try:
-        for new in stream(target.model, prompt, params, proposer, result=result, stop_fn=text.stop_fn if args.stop else None):
+        for new in stream(target.model, prompt, params, proposer, result=result,
+                          stop_fn=text.stop_fn if args.stop else None, constraint=constraint):
             delta = text.push(new)
             if not args.json:
                 print(delta, end="", flush=True)

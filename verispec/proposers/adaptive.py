@@ -93,12 +93,12 @@ class AdaptiveGammaProposer:
         return choice
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
-                generators: list[torch.Generator]) -> list[Proposal]:
+                generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:
         choices = [self._choose(r, g) for r, g in zip(rows, gammas)]
         # a first forward that feeds the tokens of paused rounds is a small prefill, not a draft step
         timed = {r: len(self.draft.pending[r]) <= 2 for r in rows}
         before = {r: (self.draft.stats(r).seconds, self.draft.stats(r).forwards) for r in rows}
-        proposals = self.draft.propose(rows, choices, sampling, generators)
+        proposals = self.draft.propose(rows, choices, sampling, generators, shapes)
         end = time.perf_counter()
         for r, proposal in zip(rows, proposals):
             e, after = self.rows[r], self.draft.stats(r)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
-from verispec.sampling import SamplingParams
+from verispec.sampling import SamplingParams, Shaper
 
 if TYPE_CHECKING:  # the round's model over cache rows (verispec.batch imports the models, not the proposers)
     from verispec.batch import Rows
@@ -78,7 +78,11 @@ class Proposer(Protocol):
     def reset(self, row: int, prompt: list[int], target: "Rows", hidden: Tensor | None = None) -> None: ...
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
-                generators: list[torch.Generator]) -> list[Proposal]: ...
+                generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:
+        """shapes[i]: row i's penalties and grammar (sampling.Shaper), to apply to the logits it drafts from;
+        a proposer may ignore them (q is what the drafts were drawn from either way: exactness holds), at the
+        cost of drafts the target's shaped law rejects."""
+        ...
 
     def observe(self, row: int, outcome: Outcome) -> None: ...
 
@@ -121,7 +125,8 @@ class PerRow:
         self.by_row[row] = proposer
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
-                generators: list[torch.Generator]) -> list[Proposal]:
+                generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:
+        # one-sequence proposers (prompt lookup, lookahead) copy text or guess deterministically: nothing to shape
         return [self.by_row[r].propose(g, s, gen) for r, g, s, gen in zip(rows, gammas, sampling, generators)]
 
     def observe(self, row: int, outcome: Outcome) -> None:

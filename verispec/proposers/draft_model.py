@@ -17,7 +17,7 @@ from torch import Tensor
 from verispec.batch import Rows, make_rows, prefill
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Outcome, Proposal, ProposerStats
-from verispec.sampling import SamplingParams, argmax, logits_to_probs, sample
+from verispec.sampling import SamplingParams, Shaper, argmax, logits_to_probs, sample
 
 
 def to_vocab(logits: Tensor, vocab_size: int) -> Tensor:
@@ -48,7 +48,7 @@ class Drafted:
 def draft_steps(model: Rows, rows: list[int], feeds: list[list[int]], gammas: list[int],
                 sampling: list[SamplingParams], generators: list[torch.Generator], stats: dict[int, ProposerStats],
                 *, vocab_size: int, confidence: float = 0.0, layers: int | None = None,
-                features: list[Tensor] | None = None) -> Drafted:
+                features: list[Tensor] | None = None, shapes: list[Shaper | None] | None = None) -> Drafted:
     """Draft up to gammas[i] tokens for rows[i], whose next input is feeds[i] (its pending tokens).
 
     Each step runs every row still drafting in one forward and commits what it fed provisionally, so the next
@@ -56,7 +56,8 @@ def draft_steps(model: Rows, rows: list[int], feeds: list[list[int]], gammas: li
     token the draft gave less than `confidence` (the proposal's length then depends on the draft alone, so the
     output distribution is untouched). stats[row] receives forwards and a share of each step's seconds.
     features[i] [len(feeds[i]), F]: the feeds' input features, for a feature-level drafter (EAGLE), which then
-    feeds each drafted token with its own last output as the feature.
+    feeds each drafted token with its own last output as the feature. shapes[i]: row i's Shaper, applied to each
+    step's logits with the tokens drafted before it.
     """
     base = [model.length(r) for r in rows]
     tokens: list[list[int]] = [[] for _ in rows]
@@ -76,6 +77,8 @@ def draft_steps(model: Rows, rows: list[int], feeds: list[list[int]], gammas: li
                 if states is not None:
                     feat[i] = states[j][-1:]  # the drafter's predicted feature: the next step's input
                 last = logits[j][-1][:vocab_size]  # [V'], V' <= V: ids past V' have q = 0
+                if shapes is not None and shapes[i] is not None:
+                    last = shapes[i](to_vocab(last, vocab_size), tokens[i])
                 if sampling[i].greedy:
                     token = int(argmax(last))
                     sure = confidence == 0.0 or float(torch.softmax(last.float(), -1)[token]) >= confidence
@@ -132,10 +135,10 @@ class DraftModelProposer:
         self._stats[row] = ProposerStats()  # count drafting only, not the prefill
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
-                generators: list[torch.Generator]) -> list[Proposal]:
+                generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:
         gammas = [min(g, self.max_len - self.cache.length(r) - len(self.pending[r]) - 1) for r, g in zip(rows, gammas)]
         drafted = draft_steps(self.cache, rows, [self.pending[r] for r in rows], gammas, sampling, generators,
-                              self._stats, vocab_size=self.vocab_size, confidence=self.confidence)
+                              self._stats, vocab_size=self.vocab_size, confidence=self.confidence, shapes=shapes)
         for r, n in zip(rows, drafted.fed):
             self.fed[r] = n
         return drafted.proposals

@@ -46,13 +46,13 @@ class EagleProposer:
         self._stats[row] = ProposerStats()
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
-                generators: list[torch.Generator]) -> list[Proposal]:
+                generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:
         # a row with no pair yet (a one-token prompt) drafts from its next round on
         gammas = [0 if not self.tokens[r] else min(g, self.max_len - self.cache.length(r) - len(self.tokens[r]) - 1)
                   for r, g in zip(rows, gammas)]
         drafted = draft_steps(self.cache, rows, [self.tokens[r] for r in rows], gammas, sampling, generators,
                               self._stats, vocab_size=self.vocab_size,
-                              features=[self.features[r].to(torch.float32) for r in rows])
+                              features=[self.features[r].to(torch.float32) for r in rows], shapes=shapes)
         for r, n in zip(rows, drafted.fed):
             self.fed[r] = min(n, len(self.tokens[r]))  # the pending pairs; the rest were drafting steps
         return drafted.proposals

@@ -72,12 +72,12 @@ class LayerSkipProposer:
         self._stats[row] = ProposerStats()
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
-                generators: list[torch.Generator]) -> list[Proposal]:
+                generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:
         target = self.target
         # the verification forward needs gamma + 1 slots and commits at most gamma + 1 of them
         gammas = [min(g, target.max_len - target.length(r) - 1) for r, g in zip(rows, gammas)]
         return draft_steps(target, rows, [[self.pending[r]] for r in rows], gammas, sampling, generators,
-                           self._stats, vocab_size=self.vocab_size, layers=self.layers).proposals
+                           self._stats, vocab_size=self.vocab_size, layers=self.layers, shapes=shapes).proposals
 
     def observe(self, row: int, outcome: Outcome) -> None:
         # Nothing to undo or catch up: the verification forward rewrote every slot the target committed.

@@ -17,9 +17,9 @@ from torch import Tensor
 from verispec.batch import Rows
 from verispec.models.medusa import MedusaHeads
 from verispec.proposers.base import Outcome, Proposal, ProposerStats
-from verispec.proposers.draft_model import probs_on_vocab
-from verispec.proposers.tree import draw_children
-from verispec.sampling import SamplingParams, argmax, sample
+from verispec.proposers.draft_model import probs_on_vocab, to_vocab
+from verispec.proposers.tree import draw_children, path_to
+from verispec.sampling import SamplingParams, Shaper, argmax, logits_to_probs, sample
 
 
 class MedusaProposer:
@@ -43,7 +43,7 @@ class MedusaProposer:
         self._stats[row] = ProposerStats()
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
-                generators: list[torch.Generator]) -> list[Proposal]:
+                generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:
         out = [Proposal(tokens=torch.empty(0, dtype=torch.long)) for _ in rows]
         live = [i for i, (r, g) in enumerate(zip(rows, gammas)) if g > 0 and self.feature[r] is not None]
         if not live:
@@ -52,11 +52,14 @@ class MedusaProposer:
         with torch.no_grad():
             logits = self.heads(torch.cat([self.feature[rows[i]] for i in live]))  # [n, K, V']
         for j, i in enumerate(live):
+            shape = shapes[i] if shapes is not None else None
             if self.widths:
-                out[i] = self._tree(logits[j], gammas[i], sampling[i], generators[i])
+                out[i] = self._tree(logits[j], gammas[i], sampling[i], generators[i], shape)
                 continue
             last = logits[j, : gammas[i], : self.vocab_size]  # [gamma', V'], V' <= V: ids past V' have q = 0
-            if sampling[i].greedy:
+            if shape is not None:
+                out[i] = self._shaped_chain(last, sampling[i], generators[i], shape)
+            elif sampling[i].greedy:
                 out[i] = Proposal(tokens=argmax(last))
             else:
                 q = probs_on_vocab(last, sampling[i], self.vocab_size)
@@ -67,7 +70,23 @@ class MedusaProposer:
             self._stats[rows[i]].seconds += share
         return out
 
-    def _tree(self, logits: Tensor, budget: int, sampling: SamplingParams, generator: torch.Generator) -> Proposal:
+    def _shaped_chain(self, logits: Tensor, sampling: SamplingParams, generator: torch.Generator,
+                      shape: Shaper) -> Proposal:
+        """A chain from the heads' logits [gamma', V'], head k's shaped after the k tokens drawn before it."""
+        tokens: list[int] = []
+        qs = []
+        for head in logits:
+            shaped = shape(to_vocab(head, self.vocab_size), tokens)
+            if sampling.greedy:
+                tokens.append(int(argmax(shaped)))
+            else:
+                q = logits_to_probs(shaped, sampling)
+                tokens.append(int(sample(q, generator)))
+                qs.append(q)
+        return Proposal(tokens=torch.tensor(tokens, dtype=torch.long), q=torch.stack(qs) if qs else None)
+
+    def _tree(self, logits: Tensor, budget: int, sampling: SamplingParams, generator: torch.Generator,
+              shape: Shaper | None = None) -> Proposal:
         """Breadth-first: the children of every node at one depth from that depth's head, until `budget` nodes."""
         tokens: list[int] = []
         parents: list[int] = []
@@ -76,7 +95,10 @@ class MedusaProposer:
         for depth, width in enumerate(self.widths):
             below = []
             for parent in level:
-                for token, q in zip(*_children(logits[depth], min(width, budget - len(tokens)), sampling, generator,
+                head = logits[depth]
+                if shape is not None:
+                    head = shape(to_vocab(head, self.vocab_size), path_to(tokens, parents, parent))
+                for token, q in zip(*_children(head, min(width, budget - len(tokens)), sampling, generator,
                                                self.vocab_size)):
                     below.append(len(tokens))
                     tokens.append(token)

@@ -35,7 +35,7 @@ class DraftNgramProposer:
         self.ngrams[row].reset(prompt)
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
-                generators: list[torch.Generator]) -> list[Proposal]:
+                generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:
         out: list[Proposal | None] = []
         for r, g, s, gen in zip(rows, gammas, sampling, generators):
             proposal = self.ngrams[r].propose(g, s, gen)
@@ -45,7 +45,8 @@ class DraftNgramProposer:
         rest = [i for i, p in enumerate(out) if p is None]
         if rest:
             drafted = self.draft.propose([rows[i] for i in rest], [gammas[i] for i in rest],
-                                         [sampling[i] for i in rest], [generators[i] for i in rest])
+                                         [sampling[i] for i in rest], [generators[i] for i in rest],
+                                         None if shapes is None else [shapes[i] for i in rest])
             for i, proposal in zip(rest, drafted):
                 out[i] = proposal
         return out  # type: ignore[return-value]

@@ -43,11 +43,11 @@ class SyntheticProposer:
         self.done[row] = 0
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
-                generators: list[torch.Generator]) -> list[Proposal]:
+                generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:
         if not all(s.greedy for s in sampling):
             raise ValueError("synthetic acceptance is defined for greedy decoding only")
         if self.inner is not None:  # pay for a real draft, then ignore what it said
-            gammas = [int(p.tokens.numel()) for p in self.inner.propose(rows, gammas, sampling, generators)]
+            gammas = [int(p.tokens.numel()) for p in self.inner.propose(rows, gammas, sampling, generators, shapes)]
         out = []
         for row, gamma in zip(rows, gammas):
             tokens = []

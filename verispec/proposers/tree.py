@@ -23,8 +23,8 @@ from torch import Tensor
 from verispec.batch import Rows, Tree, make_rows, prefill
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Outcome, Proposal, ProposerStats
-from verispec.proposers.draft_model import probs_on_vocab
-from verispec.sampling import SamplingParams
+from verispec.proposers.draft_model import probs_on_vocab, to_vocab
+from verispec.sampling import SamplingParams, Shaper
 from verispec.theory import TreeShape, VerifyCost, flat_cost, plan_tree
 
 PRIOR_RANK_ACCEPT = (0.7, 0.12, 0.05, 0.02)  # r_j before a row has measured its own (the packaged pair, greedy)
@@ -36,9 +36,9 @@ def draw_children(logits: Tensor, k: int, sampling: SamplingParams, generator: t
     ids past V' have probability 0): greedy, its top-k (no q); sampled, draws without replacement, each with the
     q [vocab_size] it was drawn from (fewer than k where q has fewer tokens)."""
     vocab = logits.shape[-1] if vocab_size is None else vocab_size
-    if sampling.greedy:
-        logits = logits[:vocab]
-        return torch.topk(logits.float(), min(k, logits.shape[-1])).indices.tolist(), []
+    if sampling.greedy:  # the top k, less any a grammar forbids (-inf)
+        top = torch.topk(logits[:vocab].float(), min(k, logits[:vocab].shape[-1]))
+        return top.indices[top.values > float("-inf")].tolist(), []
     q = probs_on_vocab(logits, sampling, vocab)
     tokens, qs = [], []
     for _ in range(k):
@@ -52,6 +52,15 @@ def draw_children(logits: Tensor, k: int, sampling: SamplingParams, generator: t
         q = q.clone()
         q[x] = 0.0
     return tokens, qs
+
+
+def path_to(tokens: list[int], parents: list[int], node: int) -> list[int]:
+    """The tokens from the root down to `node` (-1: none), root first."""
+    path = []
+    while node >= 0:
+        path.append(tokens[node])
+        node = parents[node]
+    return path[::-1]
 
 
 @dataclass
@@ -126,11 +135,11 @@ class TreeDraftProposer:
         return shape
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
-                generators: list[torch.Generator]) -> list[Proposal]:
+                generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:
         cache = self.cache
         budgets = [min(g, self.max_len - cache.length(r) - len(self.rows[r].pending) - 1) for r, g in zip(rows, gammas)]
-        shapes = {i: self.shape_for(rows[i], b) for i, b in enumerate(budgets) if b > 0}
-        live = [i for i, shape in shapes.items() if len(shape)]
+        plans = {i: self.shape_for(rows[i], b) for i, b in enumerate(budgets) if b > 0}
+        live = [i for i, shape in plans.items() if len(shape)]
         tokens: dict[int, list[int]] = {i: [] for i in live}
         qs: dict[int, list[Tensor]] = {i: [] for i in live}
         for i in range(len(rows)):
@@ -153,9 +162,11 @@ class TreeDraftProposer:
                 depth += 1
                 to_feed: dict[int, list[int]] = {}
                 for i in live:
-                    t, shape = self.rows[rows[i]], shapes[i]
+                    t, shape = self.rows[rows[i]], plans[i]
                     for node, lg in frontier[i]:
                         want = shape.children(drawn_shape[i][node]) if node >= 0 else shape.children(-1)
+                        if shapes is not None and shapes[i] is not None:
+                            lg = shapes[i](to_vocab(lg, self.vocab_size), path_to(tokens[i], t.parents, node))
                         kids, kq = draw_children(lg, len(want), sampling[i], generators[i], self.vocab_size)
                         for rank, (x, shape_node) in enumerate(zip(kids, want)):
                             tokens[i].append(x)

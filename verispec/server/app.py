@@ -28,10 +28,11 @@ from starlette.requests import ClientDisconnect
 
 from verispec.defaults import DEFAULT_STRATEGY
 from verispec.engine import GenerationParams
+from verispec.grammar import Constraint, GrammarCompiler
 from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
-from verispec.sampling import Penalties, SamplingParams
 from verispec.proposers.base import Outcome, Proposal, Proposer, ProposerStats
+from verispec.sampling import Penalties, SamplingParams
 from verispec.server.metrics import ServerMetrics
 from verispec.server.scheduler import Delta, Done, Event, Failed, Request, Scheduler, SchedulerConfig, TokenInfo
 from verispec.server.schemas import (
@@ -122,8 +123,10 @@ class OneRowAtATime:
     def reset(self, row: int, prompt: list[int], target, hidden=None) -> None:
         self.inner.reset(row, prompt, target, hidden)
 
-    def propose(self, rows, gammas, sampling, generators) -> list[Proposal]:
-        return [self.inner.propose([r], [g], [s], [gen])[0] for r, g, s, gen in zip(rows, gammas, sampling, generators)]
+    def propose(self, rows, gammas, sampling, generators, shapes=None) -> list[Proposal]:
+        shapes = shapes or [None] * len(rows)
+        return [self.inner.propose([r], [g], [s], [gen], [sh])[0]
+                for r, g, s, gen, sh in zip(rows, gammas, sampling, generators, shapes)]
 
     def observe(self, row: int, outcome: Outcome) -> None:
         self.inner.observe(row, outcome)
@@ -193,6 +196,7 @@ def create_app(settings: ServerSettings, *, models: Models | None = None,
     app.state.metrics = ServerMetrics()
     app.state.scheduler = None
     app.state.models = None
+    app.state.grammar, app.state.grammar_lock = None, threading.Lock()  # GrammarCompiler, built on first use
     app.state.status = "loading"
     app.add_middleware(_ApiKey, key=settings.api_key)
     _add_error_handlers(app)
@@ -352,6 +356,26 @@ def _params(app: FastAPI, body: CompletionRequest | ChatRequest, prompt: list[in
                             eos_ids=tok.eos_ids, penalties=penalties, logprobs=body.top_logprobs_wanted())
 
 
+async def _constraint(app: FastAPI, body: CompletionRequest | ChatRequest) -> Constraint | None:
+    """The request's response_format as a grammar state, compiled in a worker thread (the tokenizer's grammar
+    view is built on the first such request: about a second for a 150k-token vocabulary)."""
+    spec = body.response_format.grammar() if body.response_format is not None else None
+    if spec is None:
+        return None
+
+    def build() -> Constraint:
+        with app.state.grammar_lock:
+            if app.state.grammar is None:
+                target = app.state.models.target
+                app.state.grammar = GrammarCompiler(target.tokenizer, target.model.vocab_size, target.tokenizer.eos_ids)
+        return app.state.grammar.constraint(spec)
+
+    try:
+        return await asyncio.to_thread(build)
+    except ValueError as e:
+        raise APIError(400, f"response_format: {e}", param="response_format", code="invalid_value") from None
+
+
 def _strategy(app: FastAPI, body: CompletionRequest | ChatRequest) -> str:
     """The request's `strategy` (an extension field), else the server's."""
     name = body.strategy or app.state.settings.strategy
@@ -416,13 +440,15 @@ async def _serve(app: FastAPI, http: HTTPRequest, body: CompletionRequest | Chat
     _check_model(body.model, app.state.settings)
     prompt = await _prompt_ids(app, body)
     params = _params(app, body, prompt, scheduler)
+    constraint = await _constraint(app, body)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
 
     def sink(event: Event) -> None:  # called on the scheduler thread
         loop.call_soon_threadsafe(events.put_nowait, event)
 
-    request = Request(prompt=prompt, params=params, sink=sink, stop=body.stop, strategy=_strategy(app, body))
+    request = Request(prompt=prompt, params=params, sink=sink, stop=body.stop, strategy=_strategy(app, body),
+                      constraint=constraint)
     scheduler.submit(request)
     ids = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     shape = _Shape(id=ids, created=int(time.time()), model=app.state.settings.model_name, chat=chat,

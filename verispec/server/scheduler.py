@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from verispec.engine import Batch, GenerationParams, Sequence
+from verispec.grammar import Constraint
 from verispec.models.llama import LlamaModel
 from verispec.models.tokenizer import TextStream, Tokenizer
 from verispec.proposers.base import Proposer
@@ -79,6 +80,7 @@ class Request:
     sink: Callable[[Event], None]
     stop: list[str] = field(default_factory=list)
     strategy: str = "ar"
+    constraint: Constraint | None = None  # a grammar its output follows (response_format)
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -205,7 +207,8 @@ class Scheduler:
         try:
             proposer = self.proposer(request.strategy)
             seq = self.batch.add(request.prompt, request.params, proposer,
-                                 stop_fn=stop_fn if request.stop else None, tag=_Stream(request, text))
+                                 stop_fn=stop_fn if request.stop else None, tag=_Stream(request, text),
+                                 constraint=request.constraint)
         except Exception:  # noqa: BLE001
             log.exception("prefill failed")
             self.metrics.requests.labels(finish_reason="error").inc()

@@ -9,6 +9,7 @@ verispec", so a client never gets something other than what it asked for without
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Annotated, Any, Literal
 
@@ -16,6 +17,8 @@ from pydantic import (
     BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator,
 )
 from pydantic_core import PydanticCustomError
+
+from verispec.grammar import GrammarSpec
 
 
 Int = Annotated[int, Strict()]
@@ -61,6 +64,39 @@ class StreamOptions(_Body):
     include_usage: Bool = False
 
 
+class JsonSchema(_Body):
+    name: Str = "schema"
+    description: Str | None = None
+    schema_: dict[Str, Any] = Field(default_factory=dict, alias="schema")
+    strict: Bool | None = None
+
+
+class ResponseFormat(_Body):
+    """OpenAI's response_format: text, json_object, json_schema; and (extension) regex."""
+
+    type: Literal["text", "json_object", "json_schema", "regex"]
+    json_schema: JsonSchema | None = None
+    regex: Str | None = None
+
+    @model_validator(mode="after")
+    def _fields(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type json_schema needs a json_schema object")
+        if self.type == "regex" and not self.regex:
+            raise ValueError("type regex needs a regex")
+        return self
+
+    def grammar(self) -> GrammarSpec | None:
+        if self.type == "json_schema":
+            assert self.json_schema is not None
+            return GrammarSpec("json_schema", json.dumps(self.json_schema.schema_))
+        if self.type == "json_object":
+            return GrammarSpec("json_object")
+        if self.type == "regex":
+            return GrammarSpec("regex", self.regex or "")
+        return None
+
+
 class _Sampling(_Body):
     """Fields shared by both endpoints."""
 
@@ -83,6 +119,8 @@ class _Sampling(_Body):
     frequency_penalty: Float = 0.0
     repetition_penalty: Float = 1.0  # extension (vLLM's): > 1 discourages tokens of the prompt and the output
     logit_bias: dict[Str, Float] | None = None  # token id (as a string, as OpenAI sends it) -> -100 .. 100
+    # the output follows a JSON schema, any JSON object or (extension) a regex; an extension on completions
+    response_format: ResponseFormat | None = None
     # OpenAI's, not implemented: accepted at their neutral value only.
     n: _not_supported(1, why="one choice per request") = None
     service_tier: _not_supported("auto", "default") = None
@@ -246,7 +284,6 @@ class ChatRequest(_Sampling):
     parallel_tool_calls: _not_supported(True, False) = None  # inert without tools
     functions: _NoTools = None
     function_call: _NoToolChoice = None
-    response_format: _not_supported({"type": "text"}) = None
     modalities: _not_supported(["text"]) = None
     audio: _Absent = None
     prediction: _Absent = None
