@@ -128,6 +128,7 @@ def test_first_draft_reads_the_targets_features_of_the_whole_sequence(wide_targe
     assert checked == 5
 
 
+@pytest.mark.slow  # 8 s; greedy identity and the first q's exactness run by default
 def test_eagle_keeps_the_target_law(tiny_target):
     drafter = train_tiny(tiny_target, steps=150)
     verdict = check(tiny_target, None, T07_P09, 3, 31_000_000, label="eagle",

@@ -106,7 +106,9 @@ def _no_repeat():  # one function object: check() caches the law by it
     return NoRepeat(6, 1)
 
 
-@pytest.mark.parametrize("sampling,seed", [(T1, 51_000_000), (T07_P09, 52_000_000)], ids=["T1", "T0.7-p0.9"])
+@pytest.mark.parametrize("sampling,seed", [(T1, 51_000_000),
+                                           pytest.param(T07_P09, 52_000_000, marks=pytest.mark.slow)],
+                         ids=["T1", "T0.7-p0.9"])
 def test_sampled_law_under_a_grammar(tiny_target, tiny_draft, sampling, seed):
     verdict = check(tiny_target, tiny_draft, sampling, 3, seed, label="grammar", constraint=_no_repeat)
     assert verdict.alpha is not None and verdict.alpha > 0.2, verdict
@@ -117,6 +119,7 @@ def _lax_no_repeat():  # the same grammar, letting the broken engine's invalid o
     return NoRepeat(6, 1, strict=False)
 
 
+@pytest.mark.slow  # the greedy control runs by default
 def test_sampled_law_detects_masking_without_the_drafts(tiny_target, tiny_draft, monkeypatch):
     monkeypatch.setattr(engine, "draft_paths", lambda draft, parents: [[]] * (len(draft) + 1))
     verdict = check(tiny_target, tiny_draft, T1, 3, 51_000_000, label="grammar, drafts ignored",

@@ -108,6 +108,7 @@ def test_sampled_law_with_penalties(tiny_target, tiny_draft):
     assert verdict.passes, verdict
 
 
+@pytest.mark.slow  # the greedy control runs by default
 def test_sampled_law_detects_penalties_without_the_drafts(tiny_target, tiny_draft, monkeypatch):
     monkeypatch.setattr(engine, "draft_paths", lambda draft, parents: [[]] * (len(draft) + 1))
     verdict = check(tiny_target, tiny_draft, T1, 3, 41_000_000, label="penalties, drafts ignored",

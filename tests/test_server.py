@@ -340,6 +340,37 @@ def test_response_format_regex_is_followed_and_equals_generate(client, models):
         assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
 
 
+def test_n_choices(client, models):
+    tok = models.target.tokenizer
+    ids = tok.encode(PROMPTS[2])
+    out = complete(client, PROMPTS[2], 20, n=3, temperature=0.9, seed=40)
+    choices = out["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    for i, c in enumerate(choices):  # choice i is the seed + i sequence
+        assert c["token_ids"] == reference(models, ids, 20, temperature=0.9, seed=40 + i)
+    assert len({tuple(c["token_ids"]) for c in choices}) > 1
+    usage = out["usage"]
+    assert usage["prompt_tokens"] == len(ids) and usage["completion_tokens"] == sum(len(c["token_ids"]) for c in choices)
+    assert usage["speculative"]["draft_tokens"] > 0 and usage["speculative"]["mean_accepted_length"] > 0
+    # streamed: every choice's chunks carry its index and add up to the same tokens
+    body = {"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 20, "temperature": 0.9, "seed": 40, "n": 3,
+            "stream": True, "return_token_ids": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        events = sse(r.iter_lines())
+    assert events[-1] == "[DONE]" and events[-2]["usage"] == usage
+    streamed = {i: [] for i in range(3)}
+    finished = set()
+    for e in events[:-2]:
+        c = e["choices"][0]
+        streamed[c["index"]] += c.get("token_ids") or []
+        if c["finish_reason"]:
+            finished.add(c["index"])
+    assert finished == {0, 1, 2} and [streamed[i] for i in range(3)] == [c["token_ids"] for c in choices]
+    chat = client.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                                     "max_tokens": 5, "temperature": 0, "n": 2}).json()
+    assert chat["choices"][0]["message"] == chat["choices"][1]["message"]  # greedy: the same twice
+
+
 def test_draft_per_request_gives_the_same_greedy_output(models):
     with live(create_app(settings(batch_draft=False), models=models)) as base, httpx.Client(base_url=base) as c:
         outs = {}
@@ -522,7 +553,8 @@ BAD = [
     ("max_tokens negative", {**OK, "max_tokens": -5}, "max_tokens"),
     ("token id too large", {**OK, "prompt": [1, 10**6]}, "prompt"),
     ("token id negative", {**OK, "prompt": [-1]}, "prompt"),
-    ("n = 2", {**OK, "n": 2}, "n"),
+    ("n = 0", {**OK, "n": 0}, "n"),
+    ("n = 9", {**OK, "n": 9}, "n"),
     ("penalty out of range", {**OK, "presence_penalty": 2.5}, "presence_penalty"),
     ("repetition penalty 0", {**OK, "repetition_penalty": 0}, "repetition_penalty"),
     ("logit_bias key", {**OK, "logit_bias": {"x": 1}}, "logit_bias"),

@@ -96,7 +96,6 @@ def test_a_json_body_is_json_whatever_its_content_type(url, models, headers):
 NOT_SUPPORTED = [  # (path, fields over a good body, param)
     (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     (CHAT, {"tool_choice": "required"}, "tool_choice"),
-    (CHAT, {"n": 2}, "n"),
     (CHAT, {"store": True}, "store"),
     (CHAT, {"audio": {"voice": "x"}}, "audio"),
     (COMPLETIONS, {"echo": True}, "echo"),

@@ -9,6 +9,7 @@ never share anything.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import threading
@@ -440,64 +441,104 @@ async def _serve(app: FastAPI, http: HTTPRequest, body: CompletionRequest | Chat
     _check_model(body.model, app.state.settings)
     prompt = await _prompt_ids(app, body)
     params = _params(app, body, prompt, scheduler)
-    constraint = await _constraint(app, body)
+    strategy = _strategy(app, body)
+    constraints = [await _constraint(app, body) for _ in range(body.n)]
     loop = asyncio.get_running_loop()
-    events: asyncio.Queue[Event] = asyncio.Queue()
+    events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+    requests = []
+    for i, constraint in enumerate(constraints):  # n choices: n sequences, seeded seed, seed + 1, ...
 
-    def sink(event: Event) -> None:  # called on the scheduler thread
-        loop.call_soon_threadsafe(events.put_nowait, event)
+        def sink(event: Event, i: int = i) -> None:  # called on the scheduler thread
+            loop.call_soon_threadsafe(events.put_nowait, (i, event))
 
-    request = Request(prompt=prompt, params=params, sink=sink, stop=body.stop, strategy=_strategy(app, body),
-                      constraint=constraint)
-    scheduler.submit(request)
+        seed = None if params.seed is None else (params.seed + i) % 2**63
+        requests.append(Request(prompt=prompt, params=dataclasses.replace(params, seed=seed), sink=sink,
+                                stop=body.stop, strategy=strategy, constraint=constraint))
+    for request in requests:
+        scheduler.submit(request)
     ids = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     shape = _Shape(id=ids, created=int(time.time()), model=app.state.settings.model_name, chat=chat,
-                   token_ids=body.return_token_ids)
+                   token_ids=body.return_token_ids, logprobs=params.logprobs is not None)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_sse(shape, events, request, include_usage), media_type="text/event-stream",
+        return StreamingResponse(_sse(shape, events, requests, include_usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
-        text, token_ids, logprobs = [], [], []
-        while True:
+        choices = [_Choice() for _ in requests]
+        done: dict[int, Done] = {}
+        while len(done) < len(requests):
             try:
-                event = await asyncio.wait_for(events.get(), timeout=0.5)
+                i, event = await asyncio.wait_for(events.get(), timeout=0.5)
             except TimeoutError:
                 if await http.is_disconnected():
-                    request.cancel()
                     return Response(status_code=499)
                 continue
             if isinstance(event, Delta):
-                text.append(event.text)
-                token_ids.extend(event.token_ids)
-                logprobs.extend(event.logprobs or [])
+                choices[i].add(event)
             elif isinstance(event, Failed):
                 raise APIError(500, event.message, type_="server_error")
             else:
-                wanted = params.logprobs is not None
-                return JSONResponse(shape.full("".join(text), token_ids, event, logprobs if wanted else None))
+                done[i] = event
+        return JSONResponse(shape.full(choices, [done[i] for i in range(len(requests))]))
     finally:
-        request.cancel()  # a no-op once finished; frees the row if the handler is left early
+        for request in requests:
+            request.cancel()  # a no-op once finished; frees the row if the handler is left early
+
+
+@dataclass
+class _Choice:
+    """One choice's text, token ids and logprobs as they arrive."""
+
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenInfo] = field(default_factory=list)
+
+    def add(self, delta: Delta) -> None:
+        self.text.append(delta.text)
+        self.token_ids.extend(delta.token_ids)
+        self.logprobs.extend(delta.logprobs or [])
+
+
+def _usage(usages: list[dict]) -> dict:
+    """The request's usage over its choices: the prompt once, completion tokens and drafting summed."""
+    if len(usages) == 1:
+        return usages[0]
+    specs = [u["speculative"] for u in usages]
+    completion = sum(u["completion_tokens"] for u in usages)
+    drafted, accepted = sum(s["draft_tokens"] for s in specs), sum(s["accepted_tokens"] for s in specs)
+    forwards = sum(s["target_forwards"] for s in specs)
+    # tokens per round over every choice's rounds (each choice's target forwards less its prefill)
+    rounds = [(s["mean_accepted_length"], s["target_forwards"] - int(u["prompt_tokens"] > 1))
+              for s, u in zip(specs, usages) if s["mean_accepted_length"] is not None]
+    total = sum(r for _, r in rounds)
+    prompt = usages[0]["prompt_tokens"]
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "speculative": {"strategy": specs[0]["strategy"],
+                            "alpha": round(accepted / drafted, 4) if drafted else None,
+                            "mean_accepted_length": round(sum(m * r for m, r in rounds) / total, 4) if total else None,
+                            "target_forwards": forwards, "draft_tokens": drafted,
+                            "accepted_tokens": accepted, "draft_fallback": any(s["draft_fallback"] for s in specs)}}
 
 
 @dataclass(frozen=True)
 class _Shape:
-    """OpenAI response bodies for one request (completion or chat, full or chunk)."""
+    """OpenAI response bodies for one request (completion or chat, full or chunk, n choices)."""
 
     id: str
     created: int
     model: str
     chat: bool
     token_ids: bool
+    logprobs: bool = False
 
     def _head(self, chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def logprobs(self, infos: list[TokenInfo] | None, offset: int = 0) -> dict[str, Any] | None:
+    def logprobs_of(self, infos: list[TokenInfo], offset: int = 0) -> dict[str, Any] | None:
         """A choice's `logprobs` in OpenAI's shape for this endpoint (None where not asked for); offset: the
         characters of completion text before these tokens (the legacy shape's text_offset)."""
-        if infos is None:
+        if not self.logprobs:
             return None
         if self.chat:
             def entry(text: str, lp: float) -> dict[str, Any]:
@@ -511,19 +552,21 @@ class _Shape:
         return {"tokens": [t.text for t in infos], "token_logprobs": [t.logprob for t in infos],
                 "top_logprobs": [dict(t.top) for t in infos], "text_offset": offsets}
 
-    def full(self, text: str, token_ids: list[int], done: Done,
-             logprobs: list[TokenInfo] | None = None) -> dict[str, Any]:
-        lp = self.logprobs(logprobs)
-        if self.chat:
-            message = {"role": "assistant", "content": text, "refusal": None}  # OpenAI's shape, echoed back as is
-            choice = {"index": 0, "message": message, "logprobs": lp, "finish_reason": done.finish_reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": done.finish_reason}
-        if self.token_ids:
-            choice["token_ids"] = token_ids
-        return {**self._head(False), "choices": [choice], "usage": done.usage}
+    def full(self, choices: list[_Choice], done: list[Done]) -> dict[str, Any]:
+        out = []
+        for i, (c, d) in enumerate(zip(choices, done)):
+            text, lp = "".join(c.text), self.logprobs_of(c.logprobs)
+            if self.chat:
+                message = {"role": "assistant", "content": text, "refusal": None}  # OpenAI's shape, echoed back
+                choice = {"index": i, "message": message, "logprobs": lp, "finish_reason": d.finish_reason}
+            else:
+                choice = {"index": i, "text": text, "logprobs": lp, "finish_reason": d.finish_reason}
+            if self.token_ids:
+                choice["token_ids"] = c.token_ids
+            out.append(choice)
+        return {**self._head(False), "choices": out, "usage": _usage([d.usage for d in done])}
 
-    def chunk(self, text: str | None, token_ids: list[int] | None, finish_reason: str | None,
+    def chunk(self, index: int, text: str | None, token_ids: list[int] | None, finish_reason: str | None,
               role: bool = False, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {}
@@ -531,10 +574,10 @@ class _Shape:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs,
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs,
                                       "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         if self.token_ids and token_ids is not None:
             choice["token_ids"] = token_ids
         return {**self._head(True), "choices": [choice]}
@@ -547,32 +590,38 @@ def _data(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
 
 
-async def _sse(shape: _Shape, events: asyncio.Queue, request: Request, include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent events: role chunk (chat), text chunks, a finish chunk, usage (if asked), then [DONE].
+async def _sse(shape: _Shape, events: asyncio.Queue, requests: list[Request],
+               include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events: a role chunk per choice (chat), text chunks, each choice's finish chunk, usage (if
+    asked), then [DONE].
 
     A failure after the stream has begun cannot change the status code any more: it is sent as an error
     chunk, followed by [DONE]. Leaving this generator early (client gone) cancels the request, and the
-    scheduler frees its batch row at its next step.
+    scheduler frees its batch rows at its next step.
     """
     try:
         if shape.chat:
-            yield _data(shape.chunk("", [], None, role=True))
-        offset = 0  # completion characters of the tokens sent so far (logprobs' text_offset)
-        while True:
-            event = await events.get()
+            for i in range(len(requests)):
+                yield _data(shape.chunk(i, "", [], None, role=True))
+        offsets = [0] * len(requests)  # completion characters of each choice's tokens sent so far (text_offset)
+        usages: dict[int, dict] = {}
+        while len(usages) < len(requests):
+            i, event = await events.get()
             if isinstance(event, Delta):
-                lp = shape.logprobs(event.logprobs, offset) if event.logprobs else None
-                offset += sum(len(t.text) for t in event.logprobs or [])
+                lp = shape.logprobs_of(event.logprobs, offsets[i]) if event.logprobs else None
+                offsets[i] += sum(len(t.text) for t in event.logprobs or [])
                 if event.text or shape.token_ids or lp:
-                    yield _data(shape.chunk(event.text, event.token_ids, None, logprobs=lp))
+                    yield _data(shape.chunk(i, event.text, event.token_ids, None, logprobs=lp))
             elif isinstance(event, Failed):
                 yield _data(error_body(event.message, "server_error", None, None))
                 break
             else:
-                yield _data(shape.chunk(None if shape.chat else "", None, event.finish_reason))
-                if include_usage:
-                    yield _data(shape.usage_chunk(event.usage))
-                break
+                yield _data(shape.chunk(i, None if shape.chat else "", None, event.finish_reason))
+                usages[i] = event.usage
+        else:
+            if include_usage:
+                yield _data(shape.usage_chunk(_usage([usages[i] for i in range(len(requests))])))
         yield _data("[DONE]")
     finally:
-        request.cancel()
+        for request in requests:
+            request.cancel()

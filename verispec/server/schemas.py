@@ -3,7 +3,7 @@
 Requests are strict: a number sent as a string, an unknown field or a value out of range is a 400 with
 `{"error": {"message", "type", "param", "code"}}`, never a silent coercion. JSON `null` for an optional field
 means its default, as the official client sends it. Fields OpenAI defines but verispec does not implement
-(tools, echo, n > 1, ...) are accepted only at their neutral value, and otherwise refused as "not supported by
+(tools, echo, best_of, ...) are accepted only at their neutral value, and otherwise refused as "not supported by
 verispec", so a client never gets something other than what it asked for without being told.
 """
 
@@ -121,9 +121,16 @@ class _Sampling(_Body):
     logit_bias: dict[Str, Float] | None = None  # token id (as a string, as OpenAI sends it) -> -100 .. 100
     # the output follows a JSON schema, any JSON object or (extension) a regex; an extension on completions
     response_format: ResponseFormat | None = None
+    n: Int = 1  # choices: n sequences of the one prompt, seeded seed, seed + 1, ... where a seed is given
     # OpenAI's, not implemented: accepted at their neutral value only.
-    n: _not_supported(1, why="one choice per request") = None
     service_tier: _not_supported("auto", "default") = None
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, v: int) -> int:
+        if not 1 <= v <= 8:
+            raise ValueError("must be in [1, 8]")
+        return v
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
