@@ -88,6 +88,7 @@ class Sequence:
     tag: Any = None
     fell_back: bool = False  # its proposer failed
     constraint: Constraint | None = None  # a grammar the output must follow (verispec.grammar)
+    speculate: bool = True  # False: its proposer sits out the next rounds (the server's drift fallback)
 
     @property
     def out(self) -> list[int]:
@@ -273,7 +274,7 @@ class Batch:
         seqs = list(self.live)
         target = self.target
         gammas = [min(s.params.gamma, s.params.max_new_tokens - len(s.out) - 1)
-                  if speculate and s.proposer is not None else 0 for s in seqs]
+                  if speculate and s.speculate and s.proposer is not None else 0 for s in seqs]
         proposals: list[Proposal | None] = [None] * len(seqs)
         shapes = [s.shaper() for s in seqs]
         for proposer in {id(s.proposer): s.proposer for s, g in zip(seqs, gammas) if g > 0}.values():

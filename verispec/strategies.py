@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.defaults import default_verify_cost
-from verispec.models.base import weight_bytes_per_token
+from verispec.models.base import CausalLM, weight_bytes_per_token
 from verispec.models.kernels import kernel_isa
 from verispec.models.hf import HFCausalLM
 from verispec.models.llama import LlamaModel
@@ -21,6 +21,7 @@ from verispec.models.load import LoadedModel
 from verispec.models.quant import W4A8Linear
 from verispec.proposers.adaptive import AdaptiveGammaProposer
 from verispec.proposers.base import PerRow, Proposer
+from verispec.proposers.cross import CrossTokenizerProposer
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.medusa import MedusaProposer
@@ -59,6 +60,7 @@ class Strategy:
     help: str
     # (target, draft or None, Size, options) -> a proposer, or None
     build: Callable[[LoadedModel, LoadedModel | None, "Size", StrategyOptions], Proposer | None]
+    own_tokenizer: bool = False  # its draft may have a tokenizer of its own (the pair's vocabularies are not checked)
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,13 @@ def _native(target: LoadedModel, strategy: str) -> LlamaModel:
             f"{target.name} runs through {type(target.model).__name__}"
         )
     return target.model
+
+
+def _cross(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
+    assert draft is not None
+    # the draft's tokens per target token vary by tokenizer: room for twice as many, and a few drafted past the end
+    return PerRow(lambda: CrossTokenizerProposer(draft.model, draft.tokenizer, target.tokenizer,
+                                                 2 * size.max_len + 64))
 
 
 def _layerskip(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
@@ -189,9 +198,14 @@ def _prices(target: LoadedModel, draft: LoadedModel | None) -> tuple[float, Veri
     time (measured c, 0.3-0.46 with the packaged pair, was as noisy as the machine); the curve of this kernel build."""
     assert draft is not None
     model = target.model
+    return weight_bytes_per_token(_module(draft.model)) / max(1, weight_bytes_per_token(_module(model))), \
+        verify_cost_of(model)
+
+
+def verify_cost_of(model: CausalLM) -> VerifyCost:
+    """The verification-cost curve of this target's kernel build and device (verispec.defaults)."""
     isa = kernel_isa() if _w4a8(model) else None
-    cost = interpolate_cost(default_verify_cost(model.device.type, kernel_isa=isa))
-    return weight_bytes_per_token(_module(draft.model)) / max(1, weight_bytes_per_token(_module(model))), cost
+    return interpolate_cost(default_verify_cost(model.device.type, kernel_isa=isa))
 
 
 def _tree(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> TreeDraftProposer:
@@ -225,6 +239,9 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("layerskip", False, "self-speculation: the target's first layers draft (no draft model)", _layerskip),
         Strategy("lookahead", False, "lookahead decoding: Jacobi window + n-gram pool (no draft model)", _lookahead),
         Strategy("ngram", False, "prompt lookup: copy what followed the last match of the suffix (no model)", _ngram),
+        Strategy("cross", True, "a draft model with a tokenizer of its own: its text, re-tokenized, drafts for the "
+                 "target (universal assisted generation; exact as a deterministic proposal)", _cross,
+                 own_tokenizer=True),
         Strategy("draft+ngram", True, "prompt lookup when the suffix matches, else the draft model", _draft_ngram),
         Strategy("auto", True, "prompt lookup when the suffix matches, else the draft model with its length chosen "
                  "per round (--gamma caps it; 0, a plain step, where drafting does not pay)", _auto),

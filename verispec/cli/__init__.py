@@ -1,7 +1,7 @@
-"""verispec command line: `verispec generate PROMPT`, `serve`, `bench`, `audit`, `theory`, `calibrate-layerskip`,
-`train-drafter`.
+"""verispec command line: `verispec generate PROMPT`, `serve`, `bench`, `audit`, `tune`, `theory`,
+`calibrate-layerskip`, `train-drafter`.
 
-One module per command (generate.py, serve.py, bench.py, audit.py, theory.py, calibrate_layerskip.py,
+One module per command (generate.py, serve.py, bench.py, audit.py, tune.py, theory.py, calibrate_layerskip.py,
 train_drafter.py), each with
 `add_parser(sub, ...)` and `run(args)`; the options several commands share (models, strategy and its knobs)
 are defined once in options.py, the hardware-dependent defaults in verispec/defaults.py.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from verispec.cli import audit, bench, calibrate_layerskip, generate, serve, theory, train_drafter
+from verispec.cli import audit, bench, calibrate_layerskip, generate, serve, theory, train_drafter, tune
 from verispec.cli.common import Parser, fail
 from verispec.models.errors import ModelError
 
@@ -26,15 +26,40 @@ def build_parser() -> Parser:
     generate.add_parser(sub, DEFAULT_TARGET, DEFAULT_DRAFT)
     bench.add_parser(sub, DEFAULT_TARGET, DEFAULT_DRAFT)
     audit.add_parser(sub, DEFAULT_TARGET, DEFAULT_DRAFT)
+    tune.add_parser(sub, DEFAULT_TARGET, DEFAULT_DRAFT)
     calibrate_layerskip.add_parser(sub, DEFAULT_TARGET)
     serve.add_parser(sub, DEFAULT_TARGET, DEFAULT_DRAFT)
     theory.add_parser(sub)
     train_drafter.add_parser(sub, DEFAULT_TARGET)
+    parser.commands = sub.choices
     return parser
 
 
+def with_config(parser: Parser, argv: list[str] | None, args):
+    """Parse again with a `--config` file's values (verispec tune) as the command's defaults: flags given on the
+    command line still win."""
+    from verispec.tune import read_config
+
+    try:
+        values = read_config(args.config)
+    except ValueError as e:
+        fail(str(e))
+    if args.command == "bench":  # bench runs lists: plain decoding and the tuned strategy at the tuned gamma
+        strategy, gamma = values.pop("strategy", None), values.pop("gamma", None)
+        if strategy is not None:
+            values["strategies"] = f"ar,{strategy}" if strategy != "ar" else "ar"
+        if gamma is not None:
+            values["gamma"] = str(gamma)
+    command = parser.commands[args.command]
+    command.set_defaults(**{k: v for k, v in values.items() if hasattr(args, k)})
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "config", None):
+        args = with_config(parser, argv, args)
     try:
         return args.run(args)
     except ModelError as e:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from verispec.cli.common import fail, finite
 from verispec.cli.options import (
-    add_gamma_argument, add_model_options, add_strategy_argument, add_strategy_options, announce_defaults,
-    draft_dtype_of, gamma_of, load_models, resolve_dtype, strategy_options,
+    add_config_option, add_gamma_argument, add_model_options, add_strategy_argument, add_strategy_options,
+    announce_defaults, draft_dtype_of, gamma_of, load_models, resolve_dtype, strategy_options,
 )
 from verispec.defaults import DEFAULT_STRATEGY
 
@@ -21,6 +21,7 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     add_model_options(p, default_target, default_draft)
     add_strategy_argument(p, DEFAULT_STRATEGY)
     add_gamma_argument(p)
+    add_config_option(p)
     add_strategy_options(p)
     p.add_argument("--prompts", default="suite",
                    help="'suite' (the packaged prompts) or a JSON Lines file as `bench` reads (default: %(default)s)")

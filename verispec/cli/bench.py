@@ -17,7 +17,8 @@ import torch
 from verispec.bench.runner import LLAMA_CPP_HINT, Config, HFBackend, LlamaCppBackend, Run, VerispecBackend, run_bench
 from verispec.cli.common import comma_list, fail, finite
 from verispec.cli.options import (
-    add_model_options, add_strategy_options, draft_dtype_of, load_models, resolve_dtype, strategy_options,
+    add_config_option, add_model_options, add_strategy_options, draft_dtype_of, load_models, resolve_dtype,
+    strategy_options,
 )
 
 PEERS = ("hf", "llama.cpp")
@@ -31,6 +32,7 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     b.add_argument("--strategies", default="ar,draft", help=f"comma list of: {', '.join(STRATEGIES)} (ar is always run: it is the baseline; default: %(default)s)")
     b.add_argument("--gamma", default="2,4,6", help="comma list of gammas for the drafting strategies (default: %(default)s)")
     add_strategy_options(b)
+    add_config_option(b)
     b.add_argument("--temperature", default="0", help="comma list of temperatures, 0 = greedy (default: %(default)s)")
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--prompts", default="suite", help="'suite' (the packaged prompt suite) or a JSON Lines file with 'prompt' (or 'messages') and optional 'category'")

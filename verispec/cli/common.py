@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from typing import NoReturn
 
-__all__ = ["Parser", "fail", "finite", "int_list", "comma_list"]
+__all__ = ["Parser", "fail", "finite", "duration", "int_list", "comma_list"]
 
 
 def fail(message: str) -> NoReturn:
@@ -50,3 +51,19 @@ def comma_list(text: str, kind, flag: str) -> list:
     if not items:
         fail(f"{flag} is empty")
     return list(dict.fromkeys(items))
+
+
+def duration(text: str) -> float:
+    """'30m', '1h', '90s', '1h30m' or plain seconds -> seconds."""
+    text = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        seconds = float(text)
+    else:
+        parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
+        if not parts or not any(parts.groups()):
+            raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30m, 1h, 90s)")
+        h, m, s = (int(g) if g else 0 for g in parts.groups())
+        seconds = 3600.0 * h + 60.0 * m + s
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError("a duration must be positive")
+    return seconds

@@ -8,8 +8,8 @@ import sys
 
 from verispec.cli.common import fail, finite
 from verispec.cli.options import (
-    add_gamma_argument, add_model_options, add_strategy_argument, add_strategy_options, announce_defaults, gamma_of,
-    load_models, resolve_dtype, strategy_options,
+    add_config_option, add_gamma_argument, add_model_options, add_strategy_argument, add_strategy_options,
+    announce_defaults, gamma_of, load_models, resolve_dtype, strategy_options,
 )
 from verispec.defaults import DEFAULT_STRATEGY
 
@@ -20,6 +20,7 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     add_strategy_argument(gen, DEFAULT_STRATEGY)
     add_gamma_argument(gen)
     add_strategy_options(gen)
+    add_config_option(gen)
     gen.add_argument("--temperature", type=finite, default=0.0, help="0 = greedy (default: %(default)s)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
     gen.add_argument("--top-p", type=finite, default=1.0, help="in (0, 1]; 1 = off")

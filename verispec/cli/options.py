@@ -15,7 +15,8 @@ from verispec.defaults import DEFAULT_DEVICE, DEFAULT_DTYPE, default_draft_dtype
 from verispec.strategies import STRATEGIES, StrategyOptions, check_options, get
 
 __all__ = [
-    "DTYPE_CHOICES", "STRATEGY_FLAGS", "add_gamma_argument", "add_model_options", "add_strategy_argument",
+    "DTYPE_CHOICES", "STRATEGY_FLAGS", "add_config_option", "add_gamma_argument", "add_model_options",
+    "add_strategy_argument",
     "add_strategy_options", "announce_defaults", "draft_dtype_of", "gamma_of", "load_models", "resolve_dtype",
     "strategy_help", "strategy_options",
 ]
@@ -125,6 +126,13 @@ def add_model_options(p: argparse.ArgumentParser, default_target: str, default_d
         p.add_argument("--device", default=DEFAULT_DEVICE, help="cpu, cuda or cuda:N (default: %(default)s)")
 
 
+def add_config_option(p: argparse.ArgumentParser) -> None:
+    """`--config FILE`: the models, strategy and gamma `verispec tune` chose (flags given beside it win)."""
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="read the target, draft, precisions, strategy and gamma from a `verispec tune` config "
+                        "(flags given on the command line win)")
+
+
 def add_strategy_options(p: argparse.ArgumentParser) -> None:
     """The knobs of particular strategies; each is refused with a strategy that does not read it."""
     d = StrategyOptions()
@@ -204,6 +212,7 @@ def draft_dtype_of(args: argparse.Namespace) -> str:
 
 def load_models(args: argparse.Namespace, strategies: list[str], progress: bool):
     """Load the target, and the draft if any strategy needs one; check they form a pair."""
+    from verispec.models.errors import ModelError
     from verispec.models.load import check_pair, load
 
     try:
@@ -219,7 +228,11 @@ def load_models(args: argparse.Namespace, strategies: list[str], progress: bool)
     if need_draft:
         draft = load(args.draft, dtype=draft_dtype_of(args), device=args.device, progress=progress,
                      tokenizer_like=target.tokenizer)
-        check_pair(target, draft)
+        if not all(get(s).own_tokenizer for s in strategies if get(s).needs_draft):
+            try:
+                check_pair(target, draft)
+            except ModelError as e:
+                fail(f"{e} (--strategy cross drafts with a model of another tokenizer)")
         if args.draft_vocab is not None:
             from verispec.models.quant import truncate_head
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from verispec.cli.common import fail
+from verispec.cli.common import fail, finite
 from verispec.cli.options import (
-    add_gamma_argument, add_model_options, add_strategy_argument, add_strategy_options, announce_defaults, gamma_of,
-    load_models, resolve_dtype, strategy_options,
+    add_config_option, add_gamma_argument, add_model_options, add_strategy_argument, add_strategy_options,
+    announce_defaults, gamma_of, load_models, resolve_dtype, strategy_options,
 )
 from verispec.defaults import DEFAULT_STRATEGY
 
@@ -17,6 +17,7 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     add_model_options(srv, default_target, default_draft)
     add_strategy_argument(srv, DEFAULT_STRATEGY)
     add_gamma_argument(srv)
+    add_config_option(srv)
     add_strategy_options(srv)
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     srv.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
@@ -41,6 +42,13 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
                      "tokens such as <|im_end|> (default: encoded as plain text; chat message text always is)")
     srv.add_argument("--draft-per-request", action="store_true", help="strategies with a draft model: run it "
                      "request by request instead of batched across requests (slower; for comparison)")
+    srv.add_argument("--drift-window", type=int, default=200, help="drift watch: rounds per strategy its "
+                     "acceptance and tokens per forward are measured over (default: %(default)s)")
+    srv.add_argument("--drift-drop", type=finite, default=0.05, help="drift watch: warn when acceptance falls this "
+                     "fraction below its baseline (a --config's, else the first window's; default: %(default)s)")
+    srv.add_argument("--no-drift-fallback", action="store_true", help="keep speculating when the drift watch "
+                     "measures that it no longer pays (default: decode plainly, probing now and then)")
+    srv.set_defaults(drift_baseline=None)
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     srv.set_defaults(run=run)
 
@@ -74,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
             max_new_tokens_limit=args.max_new_tokens_limit, speculate_max_batch=args.speculate_max_batch,
             batch_draft=not args.draft_per_request, options=options, max_body_bytes=args.max_body_bytes,
             max_prompt_chars=args.max_prompt_chars, body_timeout=args.body_timeout,
-            allow_special_tokens=args.allow_special_tokens,
+            allow_special_tokens=args.allow_special_tokens, drift_window=args.drift_window,
+            drift_drop=args.drift_drop, drift_fallback=not args.no_drift_fallback,
+            drift_baseline=args.drift_baseline or {},
         )
     except ValueError as e:
         fail(str(e))

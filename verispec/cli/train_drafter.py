@@ -4,29 +4,12 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
 
-from verispec.cli.common import fail
+from verispec.cli.common import duration, fail
 from verispec.cli.options import add_model_options, resolve_dtype
-
-
-def duration(text: str) -> float:
-    """'30m', '1h', '90s', '1h30m' or plain seconds -> seconds."""
-    text = text.strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        seconds = float(text)
-    else:
-        parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
-        if not parts or not any(parts.groups()):
-            raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30m, 1h, 90s)")
-        h, m, s = (int(g) if g else 0 for g in parts.groups())
-        seconds = 3600.0 * h + 60.0 * m + s
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError("a duration must be positive")
-    return seconds
 
 
 def add_parser(sub, default_target: str) -> None:

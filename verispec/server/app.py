@@ -34,12 +34,13 @@ from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
 from verispec.proposers.base import Outcome, Proposal, Proposer, ProposerStats
 from verispec.sampling import Penalties, SamplingParams
+from verispec.server.drift import DriftWatch
 from verispec.server.metrics import ServerMetrics
 from verispec.server.scheduler import Delta, Done, Event, Failed, Request, Scheduler, SchedulerConfig, TokenInfo
 from verispec.server.schemas import (
     APIError, ChatRequest, CompletionRequest, error_body, validation_error_body,
 )
-from verispec.strategies import STRATEGIES, StrategyOptions, check_options, make_proposer
+from verispec.strategies import STRATEGIES, StrategyOptions, check_options, make_proposer, verify_cost_of
 
 log = logging.getLogger("verispec.server")
 
@@ -61,6 +62,12 @@ class ServerSettings:
     max_prompt_chars: int | None = None  # text to tokenize; None: 32 characters per allowed prompt token
     body_timeout: float = 30.0  # seconds for the whole body to arrive once the headers have
     allow_special_tokens: bool = False  # raw completion prompts may spell control tokens (chat text never may)
+    # drift watch (verispec.server.drift): window of rounds, the alpha fall that warns, plain decoding while
+    # speculation does not pay, the baseline alpha per strategy (from a tune config; else the first window)
+    drift_window: int = 200
+    drift_drop: float = 0.05
+    drift_fallback: bool = True
+    drift_baseline: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -76,6 +83,8 @@ class ServerSettings:
             raise ValueError("gamma must be in [1, 14]")
         if self.speculate_max_batch < 0:
             raise ValueError("speculate-max-batch must be >= 0 (0 never speculates)")
+        if self.drift_window < 1 or not 0 < self.drift_drop < 1:
+            raise ValueError("drift-window must be >= 1 and drift-drop in (0, 1)")
 
     @property
     def prompt_char_limit(self) -> int:
@@ -106,7 +115,10 @@ def build_scheduler(models: Models, settings: ServerSettings, metrics: ServerMet
                                  max_gamma=config.max_gamma + 2)
         return proposer if settings.batch_draft or proposer is None else OneRowAtATime(proposer)
 
-    scheduler = Scheduler(target.model, target.tokenizer, proposer_for, config, metrics)
+    drift = DriftWatch(window=settings.drift_window, drop=settings.drift_drop, fall_back=settings.drift_fallback,
+                       baselines=settings.drift_baseline, verify_cost=verify_cost_of(target.model),
+                       probe_every=max(20, settings.drift_window // 2), probe=max(5, settings.drift_window // 10))
+    scheduler = Scheduler(target.model, target.tokenizer, proposer_for, config, metrics, drift)
     scheduler.proposer(settings.strategy)  # the default strategy is built (and its options checked) at start-up
     # the chat template renders through transformers' tokenizer, loaded on first use: load it now, not inside
     # the first chat request (which would hold the tokenizer lock for ~2 s while other rows wait to decode)

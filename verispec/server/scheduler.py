@@ -30,11 +30,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from verispec.engine import Batch, GenerationParams, Sequence
+from verispec.engine import Batch, GenerationParams, Sequence, Step
 from verispec.grammar import Constraint
 from verispec.models.llama import LlamaModel
 from verispec.models.tokenizer import TextStream, Tokenizer
 from verispec.proposers.base import Proposer
+from verispec.server.drift import DriftWatch, RoundSample
 from verispec.server.metrics import ServerMetrics
 
 log = logging.getLogger("verispec.server")
@@ -95,6 +96,8 @@ class _Stream:
     request: Request
     text: TextStream
     first_token_at: float | None = None
+    draft_s: float = 0.0  # the sequence's draft and target seconds at the last round (per-round deltas: drift)
+    target_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -108,10 +111,12 @@ class SchedulerConfig:
 
 class Scheduler:
     def __init__(self, target: LlamaModel, tokenizer: Tokenizer, proposer_for: Callable[[str], Proposer | None],
-                 config: SchedulerConfig, metrics: ServerMetrics) -> None:
+                 config: SchedulerConfig, metrics: ServerMetrics, drift: DriftWatch | None = None) -> None:
         """proposer_for(strategy) builds the proposer that serves every row of that strategy (None: plain);
-        it is called once per strategy, on the worker thread, when a request first asks for it."""
+        it is called once per strategy, on the worker thread, when a request first asks for it. drift: watches
+        acceptance per strategy and may have a strategy's rows decode plainly while speculation does not pay."""
         self.target, self.tokenizer, self.proposer_for = target, tokenizer, proposer_for
+        self.drift = drift
         # The app encodes prompts in worker threads while this thread decodes: one user of the tokenizer at a time.
         self.tokenizer_lock = threading.Lock()
         self.config, self.metrics = config, metrics
@@ -232,6 +237,13 @@ class Scheduler:
         if not speculate and any(s.proposer is not None for s in self.batch.live):
             self.metrics.speculation_off_rounds.inc()
         fell_back = sum(s.fell_back for s in self.batch.live)
+        paused = set()
+        if self.drift is not None:
+            for seq in self.batch.live:
+                name = seq.tag.request.strategy
+                seq.speculate = self.drift.speculating(name)
+                if not seq.speculate and seq.proposer is not None:
+                    paused.add(name)
         steps = self.batch.round(speculate=speculate)
         self.metrics.target_forwards.inc()
         self.metrics.batched_sequences.inc(n)
@@ -239,6 +251,8 @@ class Scheduler:
         for step in steps:
             seq, stream = step.seq, step.seq.tag
             self.metrics.record_round(step.drafted, step.accepted)
+            if self.drift is not None:
+                self._watch(step)
             if step.new:
                 if stream.first_token_at is None:
                     stream.first_token_at = time.perf_counter()
@@ -257,7 +271,32 @@ class Scheduler:
                     self._send_last(seq)
                 except Exception:  # noqa: BLE001 - a sink that fails must not stop the worker
                     log.exception("could not deliver the last event")
+        if self.drift is not None:
+            for name in paused:
+                self.drift.plain_round(name)
+            self._drift_metrics()
         self.metrics.running.set(len(self.batch.live))
+
+    def _watch(self, step: Step) -> None:
+        """Hand a speculative round of one row to the drift watch, with the row's draft and target seconds."""
+        assert self.drift is not None
+        stream, m = step.seq.tag, step.seq.metrics
+        target_s = m.target_seconds + m.verify_seconds
+        draft_s, spent = m.draft_seconds - stream.draft_s, target_s - stream.target_s
+        stream.draft_s, stream.target_s = m.draft_seconds, target_s
+        if step.drafted and step.seq.result.finish_reason is None:  # a last round's stops cut what it emitted
+            self.drift.record(stream.request.strategy, RoundSample(step.drafted, step.accepted, step.accepted + 1,
+                                                                    draft_s, spent))
+
+    def _drift_metrics(self) -> None:
+        assert self.drift is not None
+        for name, figures in self.drift.snapshot().items():
+            for key, gauge in (("alpha", self.metrics.drift_alpha), ("baseline", self.metrics.drift_baseline),
+                               ("ratio", self.metrics.drift_ratio),
+                               ("tokens_per_forward", self.metrics.drift_tokens_per_forward)):
+                if figures[key] is not None:
+                    gauge.labels(strategy=name).set(float(figures[key]))
+            self.metrics.drift_fallback.labels(strategy=name).set(1.0 if figures["fallback"] else 0.0)
 
     def _send_last(self, seq: Sequence, failure: str | None = None) -> None:
         """The request's last event: Done with its usage, or Failed. Its metrics are recorded first, so that a

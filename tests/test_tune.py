@@ -1,0 +1,76 @@
+"""`verispec tune` on the tiny pair: it measures every candidate on the same prompts, keeps the fastest measured,
+writes a config that `generate`, `bench` and `serve` read with `--config` (flags beside it win), and refuses files
+that are not one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import gen_json, pair, run_inline  # noqa: F401 - pair is a fixture
+from verispec.bench.runner import Config, Run
+from verispec.theory import flat_cost
+from verispec.tune import Measured, best, measure, read_config, table
+
+
+def _run(config: Config, tokens: int, seconds: float, drafted: int = 0, accepted: int = 0) -> Run:
+    return Run("p", "c", config, 0, [1] * tokens, seconds, [], rounds=tokens, drafted=drafted, accepted=accepted,
+               c=0.1 if drafted else None)
+
+
+def test_measure_runs_every_candidate_on_the_same_prompts_within_the_budget():
+    configs = [Config("verispec", "ar", 0, 0.0), Config("verispec", "draft", 4, 0.0)]
+    calls = []
+
+    def run(config, prompt):
+        calls.append((config.strategy, prompt[0]))
+        return _run(config, 10, 0.5 if config.plain else 0.25, 20, 15)
+
+    sums, done = measure(configs, [[1], [2], [3]], run, budget_s=1e9)
+    assert done == 3 and calls == [(s, p) for p in (1, 2, 3) for s in ("ar", "draft")]
+    assert best(sums).strategy == "draft" and sums[1].tokens_per_s == pytest.approx(40.0)
+    assert sums[1].alpha == pytest.approx(0.75)
+    _, done = measure(configs, [[1], [2], [3]], run, budget_s=0.0)
+    assert done == 1  # at least one prompt, then the budget stops it
+    text = table(sums, flat_cost)
+    assert "draft γ=4 ← chosen" in text and "| ar |" in text
+
+
+def test_tune_writes_a_config_that_the_commands_read(pair, capsys, tmp_path):  # noqa: F811
+    target, draft = pair
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p, "category": "code"})
+                                 for p in ("def x ( a ) :", "for a in b :")) + "\n")
+    out = tmp_path / "tuned.json"
+    code, stdout, err = run_inline(capsys, "tune", "--target", str(target), "--draft", str(draft), "--dtype", "float32",
+                                   "--draft-dtype", "float32", "--strategies", "draft,ngram", "--gamma", "2,3",
+                                   "--prompts", str(prompts), "--limit", "2", "--max-new-tokens", "12",
+                                   "--budget", "10m", "--out", str(out))
+    assert code == 0, err
+    data = json.loads(out.read_text())
+    fastest = max(data["measured"], key=lambda m: m["tokens_per_s"])
+    assert (data["strategy"], data["gamma"] or 0) == (fastest["strategy"], fastest["gamma"])
+    assert len(data["measured"]) == 5 and data["chosen"]["prompts"] == 2
+    assert "← chosen" in stdout and str(out) in stdout
+    values = read_config(out)
+    assert values["strategy"] == data["strategy"] and values["dtype"] == "float32"
+    # generate reads it (the target and draft come from the config too); a flag beside it wins
+    code, stdout, err = run_inline(capsys, "generate", "def x ( a ) :", "--config", str(out), "--json",
+                                   "--max-new-tokens", "8")
+    assert code == 0, err
+    assert json.loads(stdout)["strategy"] == data["strategy"]
+    code, stdout, err = run_inline(capsys, "generate", "def x ( a ) :", "--config", str(out), "--json",
+                                   "--max-new-tokens", "8", "--strategy", "ar")
+    assert code == 0 and json.loads(stdout)["strategy"] == "ar", err
+
+
+def test_a_bad_config_is_one_line(pair, capsys, tmp_path):  # noqa: F811
+    bad = tmp_path / "bad.json"
+    for text, needle in (("{", "not JSON"), ('{"strategy": "draft"}', "not a verispec config")):
+        bad.write_text(text)
+        code, _, err = run_inline(capsys, "generate", "x", "--config", str(bad))
+        assert code == 2 and needle in err and "Traceback" not in err, err
+    code, _, err = run_inline(capsys, "generate", "x", "--config", str(tmp_path / "missing.json"))
+    assert code == 2 and "cannot read the config" in err

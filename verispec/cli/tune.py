@@ -1,0 +1,98 @@
+"""`verispec tune`: measure strategies × gammas on your prompts within a budget; write the fastest as a config
+file for `--config` (verispec.tune)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from verispec.cli.common import comma_list, duration, fail, finite, int_list
+from verispec.cli.options import (
+    add_model_options, add_strategy_options, draft_dtype_of, load_models, resolve_dtype, strategy_options,
+)
+
+DEFAULT_STRATEGIES = "draft,draft+ngram,ngram,auto,tree"
+
+
+def add_parser(sub, default_target: str, default_draft: str) -> None:
+    from verispec.strategies import STRATEGIES
+
+    p = sub.add_parser("tune", help="measure strategies and gammas on your prompts; write the fastest as a "
+                                    "--config file for generate, bench, serve and audit")
+    add_model_options(p, default_target, default_draft)
+    p.add_argument("--strategies", default=DEFAULT_STRATEGIES,
+                   help=f"comma list of: {', '.join(STRATEGIES)} (plain decoding always runs; default: %(default)s)")
+    p.add_argument("--gamma", default="2,4,6", help="comma list of gammas to try (default: %(default)s)")
+    add_strategy_options(p)
+    p.add_argument("--prompts", default="suite", help="'suite' or a JSON Lines file, as for bench")
+    p.add_argument("--categories", default=None, help="comma list of categories (default: all)")
+    p.add_argument("--limit", type=int, default=1, help="prompts per category (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--temperature", type=finite, default=0.0, help="tune for this temperature (default: greedy)")
+    p.add_argument("--budget", type=duration, default=duration("10m"),
+                   help="stop starting new prompts after this long (30m, 1h, 90s; default: 10m); every candidate "
+                        "runs on the same prompts")
+    p.add_argument("--out", default="verispec-config.json", help="the config file to write (default: %(default)s)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from tqdm import tqdm
+
+    from verispec.bench.costs import verification_curve
+    from verispec.bench.runner import VerispecBackend
+    from verispec.bench.suite import load_prompts
+    from verispec.models.kernels import cpu_flags
+    from verispec.models.load import default_threads
+    from verispec.strategies import get
+    from verispec.theory import interpolate_cost
+    from verispec.tune import best, candidates, config_dict, measure, table
+
+    strategies = comma_list(args.strategies, lambda s: get(s).name, "--strategies")
+    gammas = int_list(args.gamma, "--gamma")
+    if args.max_new_tokens < 1:
+        fail("--max-new-tokens must be at least 1")
+    try:
+        prompts = load_prompts(args.prompts, args.categories.split(",") if args.categories else None, args.limit)
+    except ValueError as e:
+        fail(str(e))
+    if not prompts:
+        fail("no prompts to tune on")
+    resolve_dtype(args)
+    options = strategy_options(args, strategies)
+    default_threads()
+    progress = sys.stderr.isatty()
+    target, draft = load_models(args, ["ar", *strategies], progress)
+    tok = target.tokenizer
+    encoded = [tok.chat(list(p.messages)) if tok.has_chat_template else tok.encode(p.messages[-1]["content"])
+               for p in prompts]
+    print(f"tuning {len(strategies) * len(gammas) + 1} candidates on up to {len(prompts)} prompts "
+          f"({args.max_new_tokens} tokens, T={args.temperature}) within {args.budget:.0f} s", file=sys.stderr)
+    # the cost of verifying k tokens on top of the prompts' median length, for the theory column
+    context = sorted(len(ids) for ids in encoded)[len(encoded) // 2]
+    curve = verification_curve(target.model, context=context, sizes=tuple(range(1, max(gammas) + 2)), reps=3)
+    cost = interpolate_cost([(row["tokens"], row["relative_to_1"]) for row in curve])
+    backend = VerispecBackend(target, draft, tok.eos_ids, options)
+    configs = [dataclasses.replace(c, temperature=args.temperature) for c in candidates(strategies, gammas)]
+    for config in tqdm(configs, desc="warm-up", disable=not progress, file=sys.stderr, leave=False):
+        backend.run(config, encoded[0], 8, 0)
+    with tqdm(total=len(encoded), desc="tune", unit="prompt", disable=not progress, file=sys.stderr) as bar:
+        measured, done = measure(configs, encoded, lambda c, ids: backend.run(c, ids, args.max_new_tokens, 0),
+                                 args.budget, on_prompt=lambda n: bar.update(1))
+    chosen = best(measured)
+    print(table(measured, cost))
+    flags = sorted(f for f in cpu_flags() if f.startswith(("avx512_vnni", "avx512_bf16", "avx2", "amx")))
+    models = {"target": args.target, "draft": args.draft, "dtype": args.dtype,
+              "draft_dtype": draft_dtype_of(args) if draft is not None else None}
+    data = config_dict(chosen, models, measured, done, " ".join(flags))
+    try:
+        Path(args.out).write_text(json.dumps(data, indent=2) + "\n")
+    except OSError as e:
+        fail(f"cannot write {args.out}: {e.strerror}")
+    print(f"\n{chosen.label}: {chosen.tokens_per_s:.2f} tok/s over {done} prompt(s), the fastest measured; "
+          f"wrote {args.out} (use it with --config {args.out})")
+    return 0

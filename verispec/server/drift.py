@@ -1,0 +1,152 @@
+"""Drift watch: does speculation still pay on the traffic this server sees?
+
+Per strategy, a sliding window of the last `window` speculative rounds (one per row and round): tokens drafted
+and accepted, tokens emitted, the row's draft seconds and its share of the target forward. From it
+
+    α = accepted / drafted,  τ = emitted / rounds (tokens per target forward),  c = draft s / target s,
+
+and the average drafts per round γ̄. The baseline α is the one `verispec tune` measured for the strategy (a
+`--config` file) or, failing that, the first full window of traffic. A fall of α below (1 - drop) × baseline logs
+a warning once per excursion; /metrics shows α, the baseline and their ratio.
+
+Speculation pays while a round's tokens are worth its cost: τ > cost(γ̄ + 1) × (1 + c), with cost(k) the
+target's verification cost of k tokens relative to one (this machine's curve). When a full window says it does
+not, the strategy's rows decode plainly (`fallback`); every `probe_every` plain rounds, `probe` rounds speculate
+again to measure afresh, and speculation resumes when they pay.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from verispec.theory import VerifyCost, flat_cost
+
+log = logging.getLogger("verispec.drift")
+
+
+@dataclass(frozen=True)
+class RoundSample:
+    drafted: int
+    accepted: int
+    emitted: int
+    draft_s: float
+    target_s: float
+
+
+@dataclass
+class _Strategy:
+    window: deque = field(default_factory=deque)
+    baseline: float | None = None
+    warned: bool = False
+    fallback: bool = False
+    plain_rounds: int = 0  # rounds decoded plainly since the fallback began or the last probe ended
+    probing: int = 0  # speculative rounds left in the current probe
+
+
+class DriftWatch:
+    def __init__(self, *, window: int = 200, drop: float = 0.05, fall_back: bool = True,
+                 baselines: dict[str, float] | None = None, verify_cost: VerifyCost = flat_cost,
+                 probe_every: int = 100, probe: int = 20) -> None:
+        if window < 1 or not 0 < drop < 1 or probe < 1 or probe_every < 1:
+            raise ValueError("drift window, probe and probe interval must be >= 1, drop in (0, 1)")
+        self.window, self.drop, self.fall_back = window, drop, fall_back
+        self.verify_cost, self.probe_every, self.probe = verify_cost, probe_every, probe
+        self.strategies: dict[str, _Strategy] = {}
+        for name, alpha in (baselines or {}).items():
+            self._get(name).baseline = alpha
+
+    def _get(self, strategy: str) -> _Strategy:
+        return self.strategies.setdefault(strategy, _Strategy())
+
+    # ---- what the scheduler calls ------------------------------------------------------------------------
+    def speculating(self, strategy: str) -> bool:
+        """Whether rows of this strategy draft in the next round."""
+        s = self._get(strategy)
+        return not s.fallback or s.probing > 0
+
+    def plain_round(self, strategy: str) -> None:
+        """A round in which the strategy's rows decoded plainly because of a fallback: count towards a probe."""
+        s = self._get(strategy)
+        if s.fallback and s.probing == 0:
+            s.plain_rounds += 1
+            if s.plain_rounds >= self.probe_every:
+                s.plain_rounds, s.probing = 0, self.probe
+                s.window.clear()  # the probe measures afresh
+                log.info("speculation probe for %s: %d rounds", strategy, self.probe)
+
+    def record(self, strategy: str, sample: RoundSample) -> None:
+        """One row's speculative round."""
+        s = self._get(strategy)
+        s.window.append(sample)
+        if len(s.window) > self.window:
+            s.window.popleft()
+        if s.probing:
+            s.probing -= 1
+            if s.probing == 0:
+                self._check_alpha(strategy, s)
+                self._end_probe(strategy, s)
+            return
+        if len(s.window) < self.window:
+            return
+        if s.baseline is None:
+            s.baseline = self.alpha(strategy)
+            log.info("drift baseline for %s: alpha %.3f over %d rounds", strategy, s.baseline or 0.0, self.window)
+        self._check_alpha(strategy, s)
+        if self.fall_back and not s.fallback and not self.pays(strategy):
+            s.fallback, s.plain_rounds = True, 0
+            log.warning("speculation no longer pays for %s (tokens per forward %.2f, alpha %.3f): decoding plainly, "
+                        "probing every %d rounds", strategy, self.tokens_per_forward(strategy) or 0.0,
+                        self.alpha(strategy) or 0.0, self.probe_every)
+
+    def _end_probe(self, strategy: str, s: _Strategy) -> None:
+        if self.pays(strategy):
+            s.fallback = False
+            log.warning("speculation pays again for %s (tokens per forward %.2f): resumed", strategy,
+                        self.tokens_per_forward(strategy) or 0.0)
+
+    def _check_alpha(self, strategy: str, s: _Strategy) -> None:
+        ratio = self.ratio(strategy)
+        if ratio is None:
+            return
+        if ratio < 1 - self.drop and not s.warned:
+            s.warned = True
+            log.warning("alpha for %s fell to %.3f, %.0f%% below its baseline %.3f", strategy,
+                        self.alpha(strategy) or 0.0, 100 * (1 - ratio), s.baseline or 0.0)
+        elif ratio >= 1 - self.drop:
+            s.warned = False
+
+    # ---- figures -----------------------------------------------------------------------------------------
+    def _sums(self, strategy: str) -> RoundSample | None:
+        w = self._get(strategy).window
+        if not w:
+            return None
+        return RoundSample(sum(x.drafted for x in w), sum(x.accepted for x in w), sum(x.emitted for x in w),
+                           sum(x.draft_s for x in w), sum(x.target_s for x in w))
+
+    def alpha(self, strategy: str) -> float | None:
+        t = self._sums(strategy)
+        return t.accepted / t.drafted if t is not None and t.drafted else None
+
+    def ratio(self, strategy: str) -> float | None:
+        alpha, baseline = self.alpha(strategy), self._get(strategy).baseline
+        return alpha / baseline if alpha is not None and baseline else None
+
+    def tokens_per_forward(self, strategy: str) -> float | None:
+        t = self._sums(strategy)
+        return t.emitted / len(self._get(strategy).window) if t is not None else None
+
+    def pays(self, strategy: str) -> bool:
+        """τ > cost(γ̄ + 1) × (1 + c) over the window (True while there is nothing to judge by)."""
+        t, n = self._sums(strategy), len(self._get(strategy).window)
+        if t is None or t.target_s <= 0:
+            return True
+        gamma = t.drafted / n
+        c = t.draft_s / t.target_s
+        return t.emitted / n > self.verify_cost(max(1, round(gamma + 1))) * (1 + c)
+
+    def snapshot(self) -> dict[str, dict[str, float | None | bool]]:
+        return {name: {"alpha": self.alpha(name), "baseline": s.baseline, "ratio": self.ratio(name),
+                       "tokens_per_forward": self.tokens_per_forward(name), "fallback": s.fallback and not s.probing}
+                for name, s in self.strategies.items()}
