@@ -31,13 +31,13 @@ class LoadedModel:
 
 def resolve(spec: str, *, progress: bool = True) -> Path:
     """Packaged model name | path to .gguf | HF directory -> HF-style directory."""
-    from verispec.models.packaged import PACKAGED, resolve_packaged
+    from verispec.models.packaged import PACKAGED, SINGLE_GGUF, resolve_packaged, single_gguf
 
     if spec in PACKAGED:
         return resolve_packaged(spec, progress=progress)
-    path = Path(spec).expanduser()
+    path = single_gguf(spec) if spec in SINGLE_GGUF else Path(spec).expanduser()
     if not path.exists():
-        names = ", ".join(sorted(PACKAGED))
+        names = ", ".join(sorted([*PACKAGED, *SINGLE_GGUF]))
         raise ModelError(f"no model at '{spec}': give a Hugging Face directory, a .gguf file, or one of: {names}")
     if path.is_file():
         from verispec.models.gguf_convert import convert_gguf

