@@ -95,6 +95,23 @@ def test_cross_greedy_equals_plain_decoding(trio, which):
         assert accepted / drafted > 0.7 and accepted > 15, (accepted, drafted)
 
 
+def test_rows_of_a_batch_equal_generate_alone(trio):
+    from verispec.engine import Batch
+
+    target, same, other = trio
+    tok = target.tokenizer
+    params = GenerationParams(max_new_tokens=20, gamma=3, eos_ids=tok.eos_ids)
+    alone = [generate(target.model, tok.encode(t), params).token_ids for t in PROMPTS]
+    for draft in (same, other):
+        batch = Batch(target.model, len(PROMPTS), 64, slack=8)
+        proposer = make_proposer("cross", target, draft, 64, rows=len(PROMPTS))
+        seqs = [batch.add(tok.encode(t), params, proposer) for t in PROMPTS]
+        while batch.live:
+            batch.round()
+        assert [s.out for s in seqs] == alone
+
+
+@pytest.mark.slow  # 8 s; the one-hot verification it rests on is tested by default (test_ngram)
 def test_cross_keeps_the_sampled_law(trio):
     target, same, _ = trio
     prompt = target.tokenizer.encode(PROMPTS[0])

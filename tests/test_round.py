@@ -36,7 +36,8 @@ from verispec.verify import verify_chain
 
 GREEDY = SamplingParams(temperature=0.0)
 T07 = SamplingParams(temperature=0.7)
-ALL = list(strategies.STRATEGIES)
+# cross re-tokenizes text: these token-id models have no tokenizer; test_cross.py runs it in batches of rows
+ALL = [name for name in strategies.STRATEGIES if name != "cross"]
 OPTIONS = strategies.StrategyOptions(layerskip_layers=1, lookahead_window=3)
 
 
