@@ -75,9 +75,10 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _write_gguf(path: Path, model: torch.nn.Module, arch: str, *, skip: str = "", int_tensor: str = "",
-                ffn_length: int | None = None) -> dict:
-    """Write `model` as llama.cpp would; 2-D weights except the embedding go to Q8_0. Returns the state dict the
-    converted model must reproduce (quantized tensors replaced by their dequantized round trip)."""
+                ffn_length: int | None = None, extra: dict[str, np.ndarray] | None = None) -> dict:
+    """Write `model` as llama.cpp would; 2-D weights except the embedding go to Q8_0; `extra`: more tensors
+    (e.g. Llama 3's rope_freqs). Returns the state dict the converted model must reproduce (quantized tensors
+    replaced by their dequantized round trip)."""
     cfg = model.config
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(cfg.num_hidden_layers)
@@ -86,7 +87,7 @@ def _write_gguf(path: Path, model: torch.nn.Module, arch: str, *, skip: str = ""
     w.add_feed_forward_length(ffn_length or cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base((getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     tokens, types = _vocabulary()
     w.add_tokenizer_model("gpt2")
@@ -123,6 +124,8 @@ def _write_gguf(path: Path, model: torch.nn.Module, arch: str, *, skip: str = ""
             stored = _permute(stored, cfg.num_key_value_heads)
         w.add_tensor(gname, stored, raw_dtype=Q8_0 if stored.dtype == np.uint8 else None)
         expected[name] = torch.from_numpy(np.array(a))
+    for gname, array in (extra or {}).items():
+        w.add_tensor(gname, array)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -183,9 +183,8 @@ def _hf_config(path: Path, meta: dict[str, Any], arch: str, tensors: dict[str, A
     if rope_dims != head_dim:
         raise ModelError(f"{path}: partial rotary embeddings ({rope_dims} of {head_dim} dims) are not supported")
     scaling = get("rope.scaling.type", "none")
-    if scaling not in ("none", None) or "rope_freqs.weight" in tensors:
-        kind = scaling if scaling not in ("none", None) else "rope_freqs (llama3)"
-        raise ModelError(f"{path}: rope scaling '{kind}' is not supported by the converter")
+    if scaling not in ("none", None):
+        raise ModelError(f"{path}: rope scaling '{scaling}' is not supported by the converter (llama3's rope_freqs is)")
     cfg: dict[str, Any] = {
         "architectures": ["Qwen2ForCausalLM" if arch == "qwen2" else "LlamaForCausalLM"],
         "model_type": arch,
@@ -200,6 +199,9 @@ def _hf_config(path: Path, meta: dict[str, Any], arch: str, tensors: dict[str, A
         "rms_norm_eps": _f32(get("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": _f32(get("rope.freq_base", 10000.0)),
         "rope_scaling": None,
+        # Llama 3: llama.cpp's per-frequency rope divisors, read by verispec's native model (not by transformers)
+        **({"rope_freq_factors": [float(f) for f in np.asarray(tensors["rope_freqs.weight"].data, dtype=np.float32)]}
+           if "rope_freqs.weight" in tensors else {}),
         "tie_word_embeddings": "output.weight" not in tensors,
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
@@ -249,6 +251,8 @@ def _plan(path: Path, arch: str, tensors: dict[str, Any], cfg: dict) -> list[tup
             )
         if name in _GLOBAL_NAMES:
             plan.append((_GLOBAL_NAMES[name], t, 0))
+            continue
+        if name == "rope_freqs.weight":  # in config.json (rope_freq_factors), not a weight
             continue
         parts = name.split(".", 2)
         if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:

@@ -34,6 +34,9 @@ class LlamaConfig:
     attention_bias: bool = False  # Qwen2 has q/k/v biases
     tie_word_embeddings: bool = False
     eos_token_id: int | None = None
+    # Llama 3's long-context rope: each rotary frequency divided by its factor (llama.cpp's `rope_freqs` tensor;
+    # from a transformers config's rope_scaling of type llama3); None: plain rope
+    rope_freq_factors: tuple[float, ...] | None = None
 
     @property
     def head_dim(self) -> int:
@@ -51,8 +54,18 @@ class LlamaConfig:
         kwargs["attention_bias"] = model_type == "qwen2" or bool(cfg.get("attention_bias", False))
         # Refuse what this model does not implement rather than load it and compute wrong logits.
         rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
-        if cfg.get("rope_scaling") or rope.get("rope_type", "default") != "default":
-            raise ValueError("rope scaling is not supported by the native model yet")
+        scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        if scaling:
+            kind = scaling.get("rope_type", scaling.get("type"))
+            if kind != "llama3":
+                raise ValueError(f"rope scaling {kind!r} is not supported by the native model (llama3 is)")
+            head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+            theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+            kwargs["rope_freq_factors"] = llama3_freq_factors(
+                head_dim, theta, scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"],
+                scaling["original_max_position_embeddings"])
+        elif cfg.get("rope_freq_factors"):  # a converted GGUF's rope_freqs
+            kwargs["rope_freq_factors"] = tuple(float(f) for f in cfg["rope_freq_factors"])
         if cfg.get("mlp_bias"):
             raise ValueError("mlp_bias is not supported by the native model")
         if cfg.get("attention_bias") and model_type != "qwen2":
@@ -158,9 +171,30 @@ def attention(mask: Tensor | None, batch: int, kv_dtype: torch.dtype, device: to
     return sdpa
 
 
-def rope_tables(head_dim: int, max_len: int, theta: float) -> tuple[Tensor, Tensor]:
+def llama3_freq_factors(head_dim: int, theta: float, factor: float, low_freq_factor: float,
+                        high_freq_factor: float, original_max: int) -> tuple[float, ...]:
+    """Llama 3's rope divisors per frequency: 1 for wavelengths shorter than original_max / high_freq_factor,
+    `factor` for those longer than original_max / low_freq_factor, and in between a smooth blend of the two
+    frequencies (what llama.cpp stores as `rope_freqs` and transformers computes for rope_type llama3)."""
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        if wavelen < original_max / high_freq_factor:
+            out.append(1.0)
+        elif wavelen > original_max / low_freq_factor:
+            out.append(float(factor))
+        else:
+            smooth = (original_max / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return tuple(out)
+
+
+def rope_tables(head_dim: int, max_len: int, theta: float,
+                factors: tuple[float, ...] | None = None) -> tuple[Tensor, Tensor]:
     cpu = torch.device("cpu")  # also when a model is built under torch.device("meta"), where ops cost imports
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=cpu) / head_dim))
+    if factors is not None:
+        inv_freq = inv_freq / torch.tensor(factors, dtype=torch.float64, device=cpu)
     freqs = torch.outer(torch.arange(max_len, dtype=torch.float64, device=cpu), inv_freq)
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos().float(), emb.sin().float()
@@ -266,7 +300,8 @@ class LlamaModel(nn.Module):
     def init_rope(self) -> None:
         """Compute the rope tables; also needed after the model was built on the meta device."""
         cfg = self.cfg
-        self.cos, self.sin = rope_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.cos, self.sin = rope_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                         cfg.rope_freq_factors)
 
     @property
     def device(self) -> torch.device:
