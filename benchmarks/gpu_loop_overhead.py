@@ -65,7 +65,7 @@ def main() -> None:
         rows = []
         for rep in range(3):
             proposer = SyntheticProposer(DraftModelProposer(d.model, 2 * ctx + 64, vocab_size=t.model.vocab_size),
-                                         plain.token_ids, err, t.model.vocab_size, seed=rep)
+                                         plain.token_ids, err, t.model.vocab_size, seed=rep, prompt_len=len(prompt))
             g = generate(t.model, prompt, params, proposer)
             if g.token_ids != plain.token_ids:  # random bf16 logits are near-flat: wider forwards flip ties
                 print(f"  note: output left the reference at token "

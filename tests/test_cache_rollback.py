@@ -32,10 +32,11 @@ def forward(model, tokens: list[int], cache: KVCache, last_n: int | None = None)
 
 
 def assert_close(a: torch.Tensor, b: torch.Tensor) -> None:
-    """float64 models: 1e-9 (a stale or misplaced slot changes logits by ~0.1-1). float32: 1e-5 relative to the
+    """float64 models: 1e-9 (a stale or misplaced slot changes logits by ~0.1-1). float32: 4e-5 relative to the
     logit scale -- the same text through different matmul shapes (1 token vs a prefill) rounds differently, by up
-    to ~1.5e-5 on logits of magnitude ~8."""
-    tol = 1e-9 if a.dtype == torch.float64 else 1e-5 * max(1.0, b.abs().max().item())
+    to ~1.5e-5 on logits of magnitude ~8 and ~2.6e-5 on logits of magnitude ~1.6 (a draft prefilled one token
+    later)."""
+    tol = 1e-9 if a.dtype == torch.float64 else 4e-5 * max(1.0, b.abs().max().item())
     err = (a - b).abs().max().item()
     assert err < tol, f"max |diff| = {err:.3g} (tol {tol:.3g})"
 
@@ -260,13 +261,13 @@ class CacheSpy:
 class WrongAtProposer(SequenceProposer):
     """Deterministic proposer that knows the greedy continuation and gets position j wrong on purpose."""
 
-    def __init__(self, continuation: list[int], wrong_at: int, vocab: int) -> None:
+    def __init__(self, continuation: list[int], wrong_at: int, vocab: int, prompt_len: int) -> None:
         super().__init__()
-        self.continuation, self.wrong_at, self.vocab = continuation, wrong_at, vocab
+        self.continuation, self.wrong_at, self.vocab, self.prompt_len = continuation, wrong_at, vocab, prompt_len
         self.done = 0
 
     def reset(self, prompt: list[int]) -> None:
-        self.done = 0
+        self.done = len(prompt) - self.prompt_len  # it starts after the first round's token
 
     def propose(self, gamma, sampling, generator) -> Proposal:
         toks = list(self.continuation[self.done : self.done + gamma])
@@ -295,7 +296,7 @@ def test_engine_target_cache_with_forced_rejections(target, wrong_at):
     params = GenerationParams(max_new_tokens=20, gamma=4, sampling=GREEDY)
     plain = generate(target, prompt, params).token_ids
     spy = CacheSpy(target)
-    res = generate(spy, prompt, params, WrongAtProposer(plain, wrong_at, target.vocab_size))
+    res = generate(spy, prompt, params, WrongAtProposer(plain, wrong_at, target.vocab_size, prompt_len=len(prompt)))
     assert res.token_ids == plain
     check_log_against_output(spy.log[1:], prompt, res.token_ids)  # log[0] is the prefill
     m = res.metrics

@@ -61,7 +61,8 @@ def test_speculative_greedy_equals_plain_greedy(wide_target, wide_draft, plain_o
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("gamma", GAMMAS)
 def test_self_draft_accepts_everything(wide_target, dtype, gamma):
-    """Draft == target: every draft is accepted (alpha exactly 1) and every round but the last emits gamma + 1."""
+    """Draft == target: every draft is accepted (alpha exactly 1) and every round but the first (a plain step while
+    the draft has not started) and the last emits gamma + 1."""
     target = wide_target if dtype == torch.float32 else copy.deepcopy(wide_target).to(dtype)
     draft = copy.deepcopy(target)
     for prompt in prompts(target.vocab_size, count=8, seed=1):
@@ -71,9 +72,9 @@ def test_self_draft_accepts_everything(wide_target, dtype, gamma):
                              proposer, result=result))
         m = result.metrics
         assert m.alpha == 1.0 and m.accepted == m.drafted
-        assert [len(c) for c in chunks[:-1]] == [gamma + 1] * (len(chunks) - 1)
+        assert len(chunks[0]) == 1 and [len(c) for c in chunks[1:-1]] == [gamma + 1] * (len(chunks) - 2)
         assert 1 <= len(chunks[-1]) <= gamma + 1
-        rounds = -(-MAX_NEW // (gamma + 1))
+        rounds = 1 + -(-(MAX_NEW - 1) // (gamma + 1))
         assert m.rounds == rounds and m.mean_accepted_length == MAX_NEW / rounds
         assert sum(chunks, []) == result.token_ids == plain(target, prompt).token_ids
 

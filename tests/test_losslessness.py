@@ -13,11 +13,12 @@ A sample passes only if both hold. The same check must *fail* for deliberately b
 `generate(..., verifier=...)`; those runs prove the test has the power to see the bugs it exists to catch.
 
 About gamma: the engine drafts at most `max_new_tokens - 1` tokens in a round (drafting past the end is waste),
-so with max_new_tokens = 3 a gamma of 3 or 5 would silently run as gamma 2. Each case therefore generates
-max(3, gamma + 1) tokens, so the first round really drafts gamma tokens, and stops consuming the stream once
-3 tokens are out (the law of the first 3 tokens does not depend on what would have come later). gamma = 1
-cases see the bonus token inside the window (position 2 of round 1); gamma = 3 / 5 cases see the first
-positions of long chains (residuals at draft positions 0..2 and the draft's cache bookkeeping across rounds).
+and a sequence's first round is a plain step (its proposer starts after it, so that a draft's prefill does not
+delay the first token), so with max_new_tokens = 3 a gamma of 3 or 5 would silently run as gamma 1. Each case
+therefore generates max(3, gamma + 2) tokens, so the second round really drafts gamma tokens, and stops
+consuming the stream once 3 tokens are out (the law of the first 3 tokens does not depend on what would have
+come later). gamma = 1 cases see the bonus token inside the window (position 3, of round 2); gamma = 3 / 5 cases
+see the first positions of long chains (residuals at draft positions 0..1 and the draft's cache bookkeeping).
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def sample_engine(target: LlamaModel, draft: LlamaModel | None, sampling: Sampli
     """make_proposer(max_len), if given, replaces the DraftModelProposer over `draft` (other proposers' tests)."""
     V = target.vocab_size
     counts = np.zeros((V,) * W, dtype=np.int64)
-    max_new = max(W, gamma + 1)
+    max_new = max(W, gamma + 2)
     accepted = drafted = 0
     for i in range(n):
         params = GenerationParams(max_new_tokens=max_new, gamma=gamma, sampling=sampling, seed=seed_base + i,

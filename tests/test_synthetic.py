@@ -27,7 +27,8 @@ def test_output_equals_plain_and_acceptance_matches(models, error_rate):
     params = GenerationParams(max_new_tokens=300, gamma=4)
     plain = generate(target, prompt, params).token_ids
     inner = DraftModelProposer(draft, 400)
-    spec = generate(target, prompt, params, SyntheticProposer(inner, plain, error_rate, CFG.vocab_size, seed=3))
+    spec = generate(target, prompt, params, SyntheticProposer(inner, plain, error_rate, CFG.vocab_size, seed=3,
+                                                              prompt_len=len(prompt)))
     assert spec.token_ids == plain
     m = spec.metrics
     assert m.draft_forwards > 0  # the inner draft's cost was paid

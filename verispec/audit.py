@@ -159,15 +159,18 @@ def sample_arm(target: CausalLM, prompt: list[int], proposer: Proposer | None, s
                verifier: ChainVerifier = verify_chain, progress: Callable[[], None] = lambda: None
                ) -> tuple[list[tuple[int, ...]], float | None]:
     """`samples` seeded runs of the first `tokens` tokens (seeds seed .. seed + samples - 1, no end-of-sequence
-    stop), `rows` at a time in one batch; returns the token tuples and the arm's acceptance rate."""
-    batch = Batch(target, rows, len(prompt) + tokens, slack=gamma + 2, verifier=verifier)
+    stop), `rows` at a time in one batch; returns the token tuples and the arm's acceptance rate. Each run goes on
+    `gamma` tokens past them: the first round is a plain step (the proposer starts after it), and the second then
+    drafts a whole gamma inside the window."""
+    length = tokens + gamma if proposer is not None else tokens
+    batch = Batch(target, rows, len(prompt) + length, slack=gamma + 2, verifier=verifier)
     out: list[tuple[int, ...]] = []
     drafted = accepted = 0
     started = 0
     live: list = []
     while started < samples or batch.live:
         while started < samples and len(batch.live) < rows:
-            params = GenerationParams(max_new_tokens=tokens, gamma=gamma, sampling=sampling, seed=seed + started)
+            params = GenerationParams(max_new_tokens=length, gamma=gamma, sampling=sampling, seed=seed + started)
             live.append(batch.add(prompt, params, proposer))
             started += 1
         batch.round()
@@ -175,7 +178,7 @@ def sample_arm(target: CausalLM, prompt: list[int], proposer: Proposer | None, s
             live.remove(seq)
             if seq.result.error is not None:
                 raise seq.result.error
-            out.append(tuple(seq.result.token_ids))
+            out.append(tuple(seq.result.token_ids[:tokens]))
             drafted += seq.metrics.drafted
             accepted += seq.metrics.accepted
             progress()

@@ -89,6 +89,11 @@ class Sequence:
     fell_back: bool = False  # its proposer failed
     constraint: Constraint | None = None  # a grammar the output must follow (verispec.grammar)
     speculate: bool = True  # False: its proposer sits out the next rounds (the server's drift fallback)
+    # The proposer starts after the first round (a plain step), so that its prefill (a draft model's: ~0.5 s of a
+    # 300-token prompt) does not delay the first token; until then it holds nothing for this row.
+    started: bool = False
+    prefill_hidden: Any = None  # the target's last-block outputs over the prompt but its last token, for reset
+    start_with: tuple[list[int], Any] | None = None  # after its first round: (what it emitted, the round's features)
 
     @property
     def out(self) -> list[int]:
@@ -219,16 +224,24 @@ class Batch:
         metrics.prefill_seconds = time.perf_counter() - t0
         seq = Sequence(prompt=prompt, params=params, proposer=proposer, stop_fn=stop_fn,
                        generator=make_generator(params.seed, self.target.model.device), result=result,
-                       pending=prompt[-1], tag=tag, constraint=constraint)
+                       pending=prompt[-1], tag=tag, constraint=constraint, prefill_hidden=hidden)
         self.live.append(seq)
-        if proposer is not None:
-            t0 = time.perf_counter()
-            try:
-                proposer.reset(row, prompt, self.target, hidden)  # a draft model prefills here
-            except Exception as e:  # noqa: BLE001 - the row goes on target-only
-                self._fall_back(seq, row, e)
-            metrics.proposer_prefill_seconds = time.perf_counter() - t0
         return seq
+
+    def _start(self, seq: Sequence, row: int, emitted: list[int], hidden: torch.Tensor | None) -> None:
+        """Start the row's proposer after its first round: its sequence is the prompt and what that round emitted,
+        and the target's features cover all of it but the new pending token (the prompt's, then the round's)."""
+        assert seq.proposer is not None
+        seq.started = True
+        before = seq.prefill_hidden
+        features = hidden if before is None else before if hidden is None else torch.cat([before, hidden])
+        seq.prefill_hidden = None
+        t0 = time.perf_counter()
+        try:
+            seq.proposer.reset(row, seq.prompt + emitted, self.target, features)  # a draft model prefills here
+        except Exception as e:  # noqa: BLE001 - the row goes on target-only
+            self._fall_back(seq, row, e)
+        seq.metrics.proposer_prefill_seconds = time.perf_counter() - t0
 
     def remove(self, seq: Sequence, reason: str = "cancelled") -> None:
         """Take a sequence out of the batch (its request ended, or was cancelled)."""
@@ -237,12 +250,12 @@ class Batch:
             seq.metrics.finish()
         row = self.live.index(seq)
         last = len(self.live) - 1
-        if seq.proposer is not None:
+        if seq.proposer is not None and seq.started:
             seq.proposer.free(row)
         if row != last:  # keep live rows packed
             moved = self.live[last]
             self.target.move(last, row)
-            if moved.proposer is not None:
+            if moved.proposer is not None and moved.started:
                 moved.proposer.move(last, row)
             self.live[row] = moved
         self.live.pop()
@@ -271,10 +284,15 @@ class Batch:
         """One round over every live sequence; finished ones leave the batch. speculate=False: no drafting."""
         for s in [s for s in self.live if s.result.finish_reason is not None]:  # e.g. its proposer failed at add
             self.remove(s)
+        for i, s in enumerate(self.live):  # proposers of rows whose first round is out start now
+            if s.start_with is not None:
+                emitted, hidden = s.start_with
+                s.start_with = None
+                self._start(s, i, emitted, hidden)
         seqs = list(self.live)
         target = self.target
         gammas = [min(s.params.gamma, s.params.max_new_tokens - len(s.out) - 1)
-                  if speculate and s.speculate and s.proposer is not None else 0 for s in seqs]
+                  if speculate and s.speculate and s.started and s.proposer is not None else 0 for s in seqs]
         proposals: list[Proposal | None] = [None] * len(seqs)
         shapes = [s.shaper() for s in seqs]
         for proposer in {id(s.proposer): s.proposer for s, g in zip(seqs, gammas) if g > 0}.values():
@@ -352,13 +370,17 @@ class Batch:
             kept = [0] + [1 + node for node in v.path]  # forward positions of pending and the accepted drafts
             target.commit_path(i, kept)  # a chain's are 0 .. n: nothing moves
             s.pending = emitted[-1]
+            new, reason = apply_stops(s.out, emitted, s.params, s.stop_fn)
             if s.proposer is not None:
                 hidden = states[i][kept] if states[i] is not None else None
-                try:
-                    s.proposer.observe(i, Outcome(n, emitted, extra_logits[i], v.path, hidden))
-                except Exception as e:  # noqa: BLE001 - the row goes on target-only
-                    self._fall_back(s, i, e)
-            new, reason = apply_stops(s.out, emitted, s.params, s.stop_fn)
+                if not s.started:
+                    if reason is None:  # its first round: the proposer starts at the next, once this one's out
+                        s.start_with = (emitted, hidden)
+                else:
+                    try:
+                        s.proposer.observe(i, Outcome(n, emitted, extra_logits[i], v.path, hidden))
+                    except Exception as e:  # noqa: BLE001 - the row goes on target-only
+                        self._fall_back(s, i, e)
             if s.constraint is not None and reason is None:
                 try:
                     s.constraint.advance(new)
@@ -371,7 +393,7 @@ class Batch:
                 lps = token_logprobs(logits[i][kept[: len(new)]], new, s.params.logprobs)
                 s.result.logprobs.extend(lps)
             s.metrics.record_round(drafts[i].numel(), n, len(new))
-            if s.proposer is not None:
+            if s.proposer is not None and s.started:
                 stats = s.proposer.stats(i)
                 s.metrics.draft_forwards, s.metrics.draft_seconds = stats.forwards, stats.seconds
             s.out.extend(new)

@@ -159,7 +159,7 @@ class VerispecBackend:
 
             error_rate, references = self.synthetic
             proposer = SyntheticProposer(proposer, references[tuple(prompt)], error_rate,
-                                         self.target.model.vocab_size, seed=seed)
+                                         self.target.model.vocab_size, seed=seed, prompt_len=len(prompt))
         result = Generation()
         tokens, arrivals, seconds = _timed_tokens(stream(self.target.model, prompt, params, proposer, result=result))
         m = result.metrics

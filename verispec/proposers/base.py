@@ -3,7 +3,9 @@
 The round (verispec.engine.Batch.round) addresses sequences by their row in the target's cache. A proposer
 serves any number of rows at once:
 
-    reset(row, prompt, target, hidden)  a sequence starts in `row`; the target cache row holds the prompt but its
+    reset(row, prompt, target, hidden)  a sequence starts in `row` (after its first round, a plain step, so that
+                                     a draft's prefill does not delay the first token: `prompt` is the prompt
+                                     and that round's token); the target cache row holds all of it but its
                                      last token (a self-speculating proposer drafts in it; others ignore it);
                                      hidden [len(prompt) - 1, H]: the target's last-block outputs there (a
                                      feature-level drafter reads them; None where the target gives none)

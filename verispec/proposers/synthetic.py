@@ -29,18 +29,22 @@ class SyntheticProposer:
     """Every row it serves follows the same `reference` (the benchmark runs one prompt at a time)."""
 
     def __init__(
-        self, inner: Proposer | None, reference: list[int], error_rate: float, vocab_size: int, seed: int = 0
+        self, inner: Proposer | None, reference: list[int], error_rate: float, vocab_size: int, seed: int = 0,
+        prompt_len: int | None = None,
     ) -> None:
+        """reference: the target's greedy continuation of a prompt of prompt_len tokens (None: a row starts at its
+        beginning); a row that starts later has emitted the first tokens of it already."""
         if not 0.0 <= error_rate <= 1.0:
             raise ValueError(f"synthetic error rate must be in [0, 1], got {error_rate}")
         self.inner, self.reference, self.error_rate, self.vocab_size = inner, list(reference), error_rate, vocab_size
         self.rng = random.Random(seed)  # its own stream: never touches the request's generator
         self.done: dict[int, int] = {}  # reference tokens already emitted, per row
+        self.prompt_len = prompt_len
 
     def reset(self, row: int, prompt: list[int], target: Rows, hidden: torch.Tensor | None = None) -> None:
         if self.inner is not None:
             self.inner.reset(row, prompt, target, hidden)
-        self.done[row] = 0
+        self.done[row] = 0 if self.prompt_len is None else len(prompt) - self.prompt_len
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
                 generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:
