@@ -8,8 +8,8 @@
         stop rules; emit; metrics
 
 A row's first round is a plain step: its proposer starts at the next one (a draft model's prefill would delay
-the first token). `generate` and `stream` are B = 1 of it, `bench` runs `stream`, and the server's scheduler only decides which
-requests join the batch (verispec.server.scheduler). Plain decoding is the same round with no proposer
+the first token). `generate` and `stream` are B = 1 of it, `bench` runs `stream`, and the server's scheduler only
+decides which requests join the batch (verispec.server.scheduler). Plain decoding is the same round with no proposer
 (gamma = 0), so every speedup is measured against the same code. Invariant, per row: the target cache holds the
 whole sequence except `pending`, its last token.
 
