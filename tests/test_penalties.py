@@ -25,7 +25,8 @@ from verispec.theory import TreeShape
 
 PEN = Penalties(repetition=1.3, frequency=0.4, presence=0.2, logit_bias=((3, 1.5),))
 # strong enough on the vocab-6 model that a position penalized without its drafts has a visibly different law
-LAW_PEN = Penalties(frequency=1.5, presence=0.5, logit_bias=((2, 0.7),))
+# (inside the 3 tokens compared, only the third is verified after a draft: the first round is a plain step)
+LAW_PEN = Penalties(frequency=3.0, presence=1.0, logit_bias=((2, 0.7),))
 PROMPTS = ([3, 1, 4, 1, 5], [7] * 6, [2, 9, 11, 30, 5, 5, 1])
 
 

@@ -123,7 +123,7 @@ def sample_mixed(target, draft, seed_base: int, verifier=verify_chain) -> tuple[
     batch = Batch(target, len(MIXED), 32, slack=16, verifier=verifier)
     shared = {c.strategy: proposer(c.strategy, target, draft, len(MIXED), 32) for c in MIXED}
     for i in range(N):
-        seqs = [batch.add(list(c.prompt), GenerationParams(max_new_tokens=max(W, c.gamma + 2), gamma=c.gamma,
+        seqs = [batch.add(list(c.prompt), GenerationParams(max_new_tokens=max(W, c.gamma + 1), gamma=c.gamma,
                                                            sampling=c.sampling, seed=seed_base + 10 * i + r),
                           shared[c.strategy]) for r, c in enumerate(MIXED)]
         while batch.live:
