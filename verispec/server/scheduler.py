@@ -240,9 +240,11 @@ class Scheduler:
         paused = set()
         if self.drift is not None:
             for seq in self.batch.live:
+                if seq.proposer is None:  # plain decoding (ar), or its proposer failed
+                    continue
                 name = seq.tag.request.strategy
                 seq.speculate = self.drift.speculating(name)
-                if not seq.speculate and seq.proposer is not None:
+                if not seq.speculate:
                     paused.add(name)
         steps = self.batch.round(speculate=speculate)
         self.metrics.target_forwards.inc()
