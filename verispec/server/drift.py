@@ -35,9 +35,16 @@ class RoundSample:
     target_s: float
 
 
+def _add(a: RoundSample, b: RoundSample, sign: int) -> RoundSample:
+    return RoundSample(a.drafted + sign * b.drafted, a.accepted + sign * b.accepted, a.emitted + sign * b.emitted,
+                       a.draft_s + sign * b.draft_s, a.target_s + sign * b.target_s)
+
+
 @dataclass
 class _Strategy:
     window: deque = field(default_factory=deque)
+    # the window's sums, kept as samples come and go (read every round: not summed again each time)
+    totals: RoundSample = RoundSample(0, 0, 0, 0.0, 0.0)
     baseline: float | None = None
     warned: bool = False
     fallback: bool = False
@@ -74,14 +81,16 @@ class DriftWatch:
             if s.plain_rounds >= self.probe_every:
                 s.plain_rounds, s.probing = 0, self.probe
                 s.window.clear()  # the probe measures afresh
+                s.totals = RoundSample(0, 0, 0, 0.0, 0.0)
                 log.info("speculation probe for %s: %d rounds", strategy, self.probe)
 
     def record(self, strategy: str, sample: RoundSample) -> None:
         """One row's speculative round."""
         s = self._get(strategy)
         s.window.append(sample)
+        s.totals = _add(s.totals, sample, 1)
         if len(s.window) > self.window:
-            s.window.popleft()
+            s.totals = _add(s.totals, s.window.popleft(), -1)
         if s.probing:
             s.probing -= 1
             if s.probing == 0:
@@ -119,11 +128,8 @@ class DriftWatch:
 
     # ---- figures -----------------------------------------------------------------------------------------
     def _sums(self, strategy: str) -> RoundSample | None:
-        w = self._get(strategy).window
-        if not w:
-            return None
-        return RoundSample(sum(x.drafted for x in w), sum(x.accepted for x in w), sum(x.emitted for x in w),
-                           sum(x.draft_s for x in w), sum(x.target_s for x in w))
+        s = self._get(strategy)
+        return s.totals if s.window else None
 
     def alpha(self, strategy: str) -> float | None:
         t = self._sums(strategy)
