@@ -2,7 +2,7 @@
 before it, a tree node's ancestors) and on the proposer's drafts.
 
 A small hand-written automaton (`NoRepeat`: no token twice in a row, one token banned first) drives the engine on
-the tiny models: greedy identity with plain constrained decoding for chain, tree, Medusa-free draft and n-gram
+the tiny models: greedy identity with plain constrained decoding for draft-model chains, trees and n-gram
 proposals, every output valid, and the sampled law against enumeration; the broken control (each position masked
 as if no draft preceded it) must fail both. llguidance (JSON schema, regex) runs on the word-level tiny tokenizer
 and, under -m slow, on the real pair.
@@ -17,17 +17,14 @@ import pytest
 import torch
 
 from tests.test_losslessness import T07_P09, T1, check
+from tests.test_penalties import PROMPTS, shaped_proposers
 from tests.tiny_hf import make_tiny_hf_dir
 from verispec import engine
 from verispec.engine import GenerationParams, generate
 from verispec.grammar import GrammarCompiler, GrammarSpec, mask_logits
 from verispec.proposers.draft_model import DraftModelProposer
-from verispec.proposers.ngram import NgramProposer
-from verispec.proposers.tree import TreeDraftProposer
 from verispec.sampling import SamplingParams
-from verispec.theory import TreeShape
 
-PROMPTS = ([3, 1, 4, 1, 5], [7] * 6, [2, 9, 11, 30, 5, 5, 1])
 
 
 class NoRepeat:
@@ -61,12 +58,6 @@ def test_mask_logits():
 
 
 # ---- greedy identity ------------------------------------------------------------------------------------------
-def _proposers(draft):
-    yield "draft g4", 4, lambda: DraftModelProposer(draft, 64)
-    yield "tree", 4, lambda: TreeDraftProposer(draft, 64, shape=TreeShape.from_paths([(0,), (1,), (0, 0), (1, 0)]))
-    yield "ngram", 4, lambda: NgramProposer(3, 1)
-
-
 def _greedy_mismatches(target, draft, vocab: int) -> tuple[list[str], int]:
     bad, accepted = [], 0
     for prompt in PROMPTS:
@@ -74,7 +65,7 @@ def _greedy_mismatches(target, draft, vocab: int) -> tuple[list[str], int]:
         params = GenerationParams(max_new_tokens=24)
         plain = generate(target, prompt, params, constraint=NoRepeat(vocab, first)).token_ids
         assert valid(plain, first), plain
-        for name, gamma, make in _proposers(draft):
+        for name, gamma, make in shaped_proposers(draft):
             try:
                 got = generate(target, prompt, GenerationParams(max_new_tokens=24, gamma=gamma), make(),
                                constraint=NoRepeat(vocab, first))

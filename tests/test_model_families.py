@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.test_real_pair import _prompt
 from verispec.engine import GenerationParams, generate
 from verispec.strategies import StrategyOptions, make_proposer
 
@@ -25,16 +26,12 @@ def smollm2():
     return load("smollm2-135m-instruct", progress=False)
 
 
-def _ids(tok, text: str, chat: bool) -> list[int]:
-    return tok.chat(text) if chat else tok.encode(text)
-
-
 @pytest.mark.parametrize("strategy", ["ngram", "lookahead", "layerskip"])
 def test_smollm2_greedy_speculative_equals_plain(smollm2, strategy):
     tok = smollm2.tokenizer
     assert type(smollm2.model).__name__ == "LlamaModel"  # the native model, not the adapter
     for text, chat in PROMPTS:
-        prompt = _ids(tok, text, chat)
+        prompt = _prompt(tok, text, chat)
         params = GenerationParams(max_new_tokens=48, gamma=4, eos_ids=tok.eos_ids)
         plain = generate(smollm2.model, prompt, params)
         options = StrategyOptions(layerskip_layers=20)
@@ -52,7 +49,7 @@ def test_smollm2_drafts_for_qwen_across_tokenizers(smollm2):
     tok = target.tokenizer
     accepted = drafted = 0
     for text, chat in PROMPTS:
-        prompt = _ids(tok, text, chat)
+        prompt = _prompt(tok, text, chat)
         params = GenerationParams(max_new_tokens=48, gamma=4, eos_ids=tok.eos_ids)
         plain = generate(target.model, prompt, params)
         got = generate(target.model, prompt, params, make_proposer("cross", target, smollm2, len(prompt) + 64))

@@ -59,7 +59,8 @@ def test_draft_paths_of_a_tree():
 
 
 # ---- greedy identity --------------------------------------------------------------------------------------------
-def _proposers(draft):
+def shaped_proposers(draft):
+    """(name, gamma, factory) of proposers that draw from shaped logits (chain, tree) or copy (n-gram)."""
     yield "draft g1", 1, lambda: DraftModelProposer(draft, 64)
     yield "draft g4", 4, lambda: DraftModelProposer(draft, 64)
     yield "tree", 4, lambda: TreeDraftProposer(draft, 64, shape=TreeShape.from_paths([(0,), (1,), (0, 0), (1, 0)]))
@@ -70,7 +71,7 @@ def _greedy_mismatches(target, draft, penalties: Penalties) -> tuple[list[str], 
     bad, accepted = [], 0
     for prompt in PROMPTS:
         plain = generate(target, prompt, GenerationParams(max_new_tokens=24, penalties=penalties)).token_ids
-        for name, gamma, make in _proposers(draft):
+        for name, gamma, make in shaped_proposers(draft):
             got = generate(target, prompt, GenerationParams(max_new_tokens=24, gamma=gamma, penalties=penalties),
                            make())
             accepted += got.metrics.accepted
