@@ -4,8 +4,8 @@ before it, a tree node's ancestors) and on the proposer's drafts.
 A small hand-written automaton (`NoRepeat`: no token twice in a row, one token banned first) drives the engine on
 the tiny models: greedy identity with plain constrained decoding for draft-model chains, trees and n-gram
 proposals, every output valid, and the sampled law against enumeration; the broken control (each position masked
-as if no draft preceded it) must fail both. llguidance (JSON schema, regex) runs on the word-level tiny tokenizer
-and, under -m slow, on the real pair.
+as if no draft preceded it) must fail both. llguidance (regex) runs on the word-level tiny tokenizer here; the
+real pair's JSON schemas are checked by benchmarks/structured_output.py.
 """
 
 from __future__ import annotations
