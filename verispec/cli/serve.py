@@ -50,7 +50,37 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
                      "measures that it no longer pays (default: decode plainly, probing now and then)")
     srv.set_defaults(drift_baseline=None)
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    ray = srv.add_argument_group("replicas on Ray Serve (--backend ray; pip install -e '.[ray]')")
+    ray.add_argument("--backend", choices=["single", "ray"], default="single", help="single: one process serves; "
+                     "ray: replicas of it behind one endpoint on Ray Serve (default: %(default)s)")
+    ray.add_argument("--replicas", type=int, default=None, help="replicas, each one engine with its own batch rows "
+                     "(default: 1)")
+    ray.add_argument("--min-replicas", type=int, default=None, help="autoscale between this and --max-replicas on "
+                     "the requests ongoing per replica")
+    ray.add_argument("--max-replicas", type=int, default=None)
+    ray.add_argument("--target-ongoing-requests", type=finite, default=None, help="autoscaling aims at this many "
+                     "requests per replica (default: half of --max-concurrency)")
+    ray.add_argument("--replica-cpus", type=finite, default=None, help="CPUs each replica reserves, also its torch "
+                     "threads (default: the cluster's CPUs / replicas)")
+    ray.add_argument("--replica-gpus", type=finite, default=None, help="GPUs each replica reserves (default: 1 with "
+                     "--device cuda, else 0)")
+    ray.add_argument("--ray-address", default=None, help="the Ray cluster to join, e.g. auto or HEAD:6379 (default: "
+                     "start a local Ray instance)")
     srv.set_defaults(run=run)
+
+
+_RAY_ONLY = ("replicas", "min_replicas", "max_replicas", "target_ongoing_requests", "replica_cpus", "replica_gpus",
+             "ray_address")
+
+
+def replica_models(args: argparse.Namespace):
+    """The models of one Ray replica (module level, so that Ray can send it to the replica's process)."""
+    from verispec.server import Models
+
+    try:
+        return Models(*load_models(args, [args.strategy], progress=False))
+    except SystemExit:  # `fail` printed the one-line reason to the replica's log
+        raise RuntimeError("loading the models failed; the reason is in the replica's log") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,6 +120,11 @@ def run(args: argparse.Namespace) -> int:
         fail(str(e))
     if not 0 < args.port < 65536:
         fail(f"--port must be in 1..65535, got {args.port}")
+    if args.backend == "ray":
+        return _run_ray(args, settings, defaulted)
+    given = [f"--{n.replace('_', '-')}" for n in _RAY_ONLY if getattr(args, n) is not None]
+    if given:
+        fail(f"{given[0]} applies to --backend ray only")
     default_threads()
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     failure: list[str | None] = []  # None: the message is already printed
@@ -111,4 +146,58 @@ def run(args: argparse.Namespace) -> int:
         if failure[0] is None:
             raise SystemExit(2)
         fail(failure[0])
+    return 0
+
+
+def _run_ray(args: argparse.Namespace, settings, defaulted: bool) -> int:
+    """Deploy the replicas on Ray Serve (local Ray unless --ray-address), then serve until Ctrl-C."""
+    import functools
+    import signal
+    import sys
+    import time
+
+    from verispec.models.errors import ModelError
+    from verispec.models.load import resolve
+    from verispec.strategies import STRATEGIES
+
+    try:
+        from verispec.server import ray_serve
+    except ImportError as e:
+        fail(f"--backend ray needs Ray Serve ({e.name} is missing): pip install -e '.[ray]'")
+    if args.replicas is not None and (args.min_replicas is not None or args.max_replicas is not None):
+        fail("give --replicas, or --min-replicas and --max-replicas to autoscale, not both")
+    options = ray_serve.RayOptions(
+        replicas=args.replicas or 1, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+        target_ongoing_requests=args.target_ongoing_requests, replica_cpus=args.replica_cpus,
+        replica_gpus=args.replica_gpus if args.replica_gpus is not None else float(args.device.startswith("cuda")),
+        address=args.ray_address, host=args.host, port=args.port)
+    needs_draft = STRATEGIES[args.strategy].needs_draft
+    try:  # convert the model files here, once: replicas on this node then find them in the shared cache
+        resolve(args.target, progress=True)
+        if needs_draft:
+            resolve(args.draft, progress=True)
+    except ModelError as e:
+        fail(str(e))
+    if defaulted:
+        announce_defaults(args, args.strategy, needs_draft)
+    n = f"{options.min_replicas}-{options.max_replicas}" if options.max_replicas else str(options.replicas)
+    print(f"verispec: starting {n} replica(s) on Ray Serve (each loads the models)...", file=sys.stderr)
+    try:
+        ray_serve.deploy(functools.partial(replica_models, args), settings, options, args.log_level)
+    except ValueError as e:
+        ray_serve.shutdown()
+        fail(str(e))
+    except Exception as e:  # noqa: BLE001 - Ray's deployment failure carries the replica's traceback
+        ray_serve.shutdown()
+        fail(f"the replicas did not start: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
+    print(f"verispec: serving {settings.model_name} on http://{args.host}:{args.port} with {n} replica(s) on Ray "
+          "Serve (/health lists them); Ctrl-C stops", file=sys.stderr)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop the replicas on a plain `kill` too
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ray_serve.shutdown()
     return 0

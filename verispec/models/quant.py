@@ -257,7 +257,9 @@ def quantize(model: nn.Module, kind: str = "int8") -> nn.Module:
     for block in model.modules():
         if isinstance(block, Block):
             linears = (block.wqkv, block.wo, block.w13, block.w2)
-            block.w4a8 = all(isinstance(m, W4A8Linear) and m.unpadded for m in linears)
+            # kernels/layer.cpp computes a Llama layer; a Gemma layer (its norms, GELU gate, attention scale and
+            # window) runs its w4a8 linears from the torch path instead
+            block.w4a8 = block.plain and all(isinstance(m, W4A8Linear) and m.unpadded for m in linears)
     if kind.startswith("w4a8") and isinstance(model, LlamaModel):
         compact_embedding(model)
     return model
@@ -317,10 +319,11 @@ def load_quantized_llama(path: Path, kind: str = "int8", dtype: torch.dtype = to
 
 
 def _save(model: nn.Module, cached: Path) -> None:
-    """Write the quantized model's cache file atomically; a read-only model directory just goes without."""
+    """Write the quantized model's cache file atomically (a file of this process's own first: server replicas
+    starting side by side may all quantize); a read-only model directory just goes without."""
     from verispec.models.files import write_safetensors
 
-    tmp = cached.with_suffix(".tmp")
+    tmp = cached.with_suffix(f".tmp-{os.getpid()}")
     try:
         write_safetensors(tmp, model.state_dict())
         os.replace(tmp, cached)

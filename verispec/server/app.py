@@ -262,7 +262,7 @@ def _json_body(model: type[Body]) -> Callable[[HTTPRequest], Awaitable[Body]]:
     whatever its content type (`curl -d` says form-encoded), validated off the event loop."""
 
     async def parse(http: HTTPRequest) -> Body:
-        raw = await _read_body(http, http.app.state.settings)
+        raw = await read_body(http, http.app.state.settings)
         try:
             return await asyncio.to_thread(model.model_validate_json, raw)
         except ValidationError as e:
@@ -271,7 +271,7 @@ def _json_body(model: type[Body]) -> Callable[[HTTPRequest], Awaitable[Body]]:
     return parse
 
 
-async def _read_body(http: HTTPRequest, settings: ServerSettings) -> bytes:
+async def read_body(http: HTTPRequest, settings: ServerSettings) -> bytes:
     """The body, refused (413) as soon as it is known to exceed the limit: by its declared length before a byte
     is read, else once the bytes read pass it; 408, closing the connection, if it does not arrive in time."""
     limit = settings.max_body_bytes
@@ -366,7 +366,7 @@ def _params(app: FastAPI, body: CompletionRequest | ChatRequest, prompt: list[in
     penalties = Penalties(repetition=body.repetition_penalty, frequency=body.frequency_penalty,
                           presence=body.presence_penalty, logit_bias=bias)
     return GenerationParams(max_new_tokens=max_tokens, gamma=settings.gamma, sampling=sampling, seed=body.seed,
-                            eos_ids=tok.eos_ids, penalties=penalties, logprobs=body.top_logprobs_wanted())
+                            eos_ids=() if body.ignore_eos else tok.eos_ids, penalties=penalties, logprobs=body.top_logprobs_wanted())
 
 
 async def _constraint(app: FastAPI, body: CompletionRequest | ChatRequest) -> Constraint | None:

@@ -114,6 +114,7 @@ class _Sampling(_Body):
     safety_identifier: Str | None = None
     return_token_ids: Bool = False  # extension: token ids beside the text (what `verispec generate --json` shows)
     strategy: Str | None = None  # extension: the drafting strategy for this request (default: the server's)
+    ignore_eos: Bool = False  # extension (vLLM's): decode max_tokens tokens, past the end of sequence (load tests)
     # applied to the target at every verified position (sampling.Penalties): exact under speculation
     presence_penalty: Float = 0.0
     frequency_penalty: Float = 0.0
