@@ -31,8 +31,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def counters(text: str) -> dict[str, float]:
-    """The plain (unlabelled) `_total` samples of a Prometheus text page."""
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(verispec_\w+_total) (\S+)$", text, re.M)}
+    """The `_total` samples of a Prometheus text page that have no label but `replica` (summed over replicas:
+    `serve --backend ray` labels each replica's)."""
+    out: dict[str, float] = {}
+    for m in re.finditer(r'^(verispec_\w+_total)(?:\{replica="[^"]*"\})? (\S+)$', text, re.M):
+        out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
 
 
 def one_request(client: httpx.Client, body: dict) -> tuple[float, float | None, int]:
@@ -68,6 +72,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--categories", default="code_completion,code_instruct,code_edit")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--metrics-delay", type=float, default=0.0, help="seconds to wait before reading /metrics "
+                    "after the load (2 for `serve --backend ray`, whose replicas report every second)")
     args = ap.parse_args()
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -106,6 +112,7 @@ def main() -> None:
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    time.sleep(args.metrics_delay)
     with httpx.Client(base_url=args.url, headers=headers) as c:
         after = counters(c.get("/metrics").text)
     delta = {k.removeprefix("verispec_").removesuffix("_total"): after.get(k, 0) - before.get(k, 0) for k in after}
