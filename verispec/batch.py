@@ -27,7 +27,7 @@ from torch import Tensor
 
 from verispec.cache import BatchKVCache, CacheFullError, CommitLog
 from verispec.models.base import CausalLM
-from verispec.models.llama import LlamaModel, attention
+from verispec.models.llama import LlamaModel
 
 
 @dataclass(frozen=True)
@@ -232,11 +232,11 @@ def forward_rows(model: LlamaModel, chains: list[list[int]], cache: BatchKVCache
         positions[b, :lb] = sb + tree.positions.to(torch.long).cpu()
         back = tree.mask.shape[1] - lb  # K: committed slots the tree's mask reaches back over
         mask[b, :lb, sb - back : sb + lb] = tree.mask.to(torch.bool).cpu()
-    cos = model.cos[positions].to(model.dtype)[:, None].to(device)  # [n, 1, T, D], broadcast over heads
-    sin = model.sin[positions].to(model.dtype)[:, None].to(device)
+    # each key slot's position: its index, but for the new tokens (pads at 0, where no real query sees them)
+    key_positions = keys.expand(n, read).scatter(1, slots, positions)  # [n, S]
     view = cache.rows_view(rows, slots, read)
-    # each query attended as a lone sequence's forward attends it (models.llama.attention)
-    attend = attention(mask[:, None].to(device), n, model.attention_dtype, device)  # mask [n, 1, T, S]
+    # rope rows and attention per layer, each query attended as a lone sequence's forward attends it
+    plan = model.layer_plan(positions, key_positions, mask[:, None].to(device), n)  # mask [n, 1, T, S]
     feats = None
     if features is not None:  # right-padded like the tokens
         feats = torch.zeros(n, t, features[0].shape[-1], dtype=features[0].dtype, device=device)
@@ -244,7 +244,7 @@ def forward_rows(model: LlamaModel, chains: list[list[int]], cache: BatchKVCache
             feats[b, : f.shape[0]] = f
     x = model.inputs(tokens, feats)
     for i, layer in enumerate(model.layers[: len(model.layers) if layers is None else layers]):
-        x = layer(x, i, view, cos, sin, attend)
+        x = layer(x, i, view, *plan[i])
     states = [x[b, : lens[b]] for b in range(n)]
     if last_only:
         x = x[torch.arange(n, device=device), torch.tensor(lens, device=device) - 1][:, None]  # [n, 1, H]

@@ -1,7 +1,9 @@
-"""A compact native decoder for the Llama family (Llama, Qwen2/2.5, Mistral, SmolLM).
+"""A compact native decoder for the Llama family (Llama, Qwen2/2.5, Mistral, SmolLM) and Gemma 3.
 
 In the spirit of gpt-fast's model.py: plain modules, a preallocated KV cache (verispec.cache), fused
-q/k/v and gate/up projections, logits only for the positions a caller needs.
+q/k/v and gate/up projections, logits only for the positions a caller needs. Gemma 3 is the same decoder with a
+few options switched on in its config (norms scaled by 1 + weight, q/k norms, norms around each sublayer, a GELU
+gate, scaled embeddings, sliding-window attention on its local layers with their own rope base).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from verispec.cache import BatchKVCache, KVCache
+from verispec.cache import BatchKVCache, CacheFullError, KVCache
 
 
 @dataclass(frozen=True)
@@ -37,17 +39,49 @@ class LlamaConfig:
     # Llama 3's long-context rope: each rotary frequency divided by its factor (llama.cpp's `rope_freqs` tensor;
     # from a transformers config's rope_scaling of type llama3); None: plain rope
     rope_freq_factors: tuple[float, ...] | None = None
+    head_dim: int = 0  # 0: hidden_size // num_attention_heads (Gemma 3 270M: 256, not 640 // 4)
+    # Gemma 3's options; the defaults are the Llama decoder.
+    norm_unit_offset: bool = False  # RMSNorm scales by (1 + weight), in float32
+    qk_norm: bool = False  # an RMSNorm over each head's query and key before rope
+    sandwich_norms: bool = False  # an RMSNorm on each sublayer's output before the residual add
+    activation: str = "silu"  # the MLP's gate: "silu" or "gelu_tanh"
+    embed_scale: float = 1.0  # token embeddings times this (Gemma: sqrt(hidden_size), rounded to the model dtype)
+    query_pre_attn_scalar: float | None = None  # attention scores scaled by its -1/2 power (None: head_dim's)
+    sliding_window: int | None = None  # local layers see the keys fewer than this many positions behind a query
+    layer_types: tuple[str, ...] | None = None  # per layer "sliding_attention" or "full_attention"
+    rope_local_theta: float | None = None  # the sliding layers' rope base (Gemma 3: 10 000; global: rope_theta)
+
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        if self.sliding_window is not None and (self.layer_types is None
+                                                or len(self.layer_types) != self.num_hidden_layers):
+            raise ValueError("a sliding window needs layer_types, one per layer")
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
+    def plain_llama_layer(self) -> bool:
+        """Whether a layer is the plain Llama one that kernels/layer.cpp computes (norm x weight, SiLU gate, head_dim
+        scaling, no window)."""
+        return (not (self.norm_unit_offset or self.qk_norm or self.sandwich_norms or self.sliding_window)
+                and self.activation == "silu" and self.attention_scale == self.head_dim ** -0.5)
+
+    def sliding(self, layer: int) -> bool:
+        return self.sliding_window is not None and self.layer_types[layer] == "sliding_attention"
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "LlamaConfig":
         model_type = cfg.get("model_type")
+        if model_type == "gemma3_text":
+            return cls._from_gemma3(cfg)
         if model_type not in ("llama", "qwen2", "mistral"):
-            raise ValueError(f"native model supports llama/qwen2/mistral, not {model_type!r}")
-        known = {f.name for f in fields(cls)}
+            raise ValueError(f"native model supports llama/qwen2/mistral/gemma3_text, not {model_type!r}")
+        known = {f.name for f in fields(cls)} - set(GEMMA_FIELDS)
         kwargs = {k: v for k, v in cfg.items() if k in known}
         eos = cfg.get("eos_token_id")
         kwargs["eos_token_id"] = eos[0] if isinstance(eos, list) else eos
@@ -79,6 +113,52 @@ class LlamaConfig:
             kwargs["max_position_embeddings"] = min(kwargs.get("max_position_embeddings", window), window)
         return cls(**kwargs)
 
+    @classmethod
+    def _from_gemma3(cls, cfg: dict) -> "LlamaConfig":
+        """A transformers Gemma3TextConfig (config.json) as the native decoder's options; what it does not
+        implement (softcapping, rope scaling, biases, bidirectional attention) is refused by name."""
+        for key in ("final_logit_softcapping", "attn_logit_softcapping", "attention_bias",
+                    "use_bidirectional_attention", "rope_scaling"):
+            if cfg.get(key):
+                raise ValueError(f"gemma3_text with {key}={cfg[key]!r} is not supported by the native model")
+        if cfg.get("hidden_activation", "gelu_pytorch_tanh") not in ("gelu_pytorch_tanh", "gelu_tanh"):
+            raise ValueError(f"gemma3_text activation {cfg['hidden_activation']!r} is not supported")
+        # transformers 5 nests the rope per layer type; older configs have rope_theta and rope_local_base_freq
+        rope = cfg.get("rope_parameters") or {}
+        full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
+        for kind, params in (("full_attention", full), ("sliding_attention", local)):
+            if params.get("rope_type", "default") != "default":
+                raise ValueError(f"gemma3_text {kind} rope {params['rope_type']!r} is not supported (default is)")
+        n_layers = cfg["num_hidden_layers"]
+        pattern = cfg.get("sliding_window_pattern", 6)
+        layer_types = cfg.get("layer_types") or [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers)]
+        eos = cfg.get("eos_token_id", 1)
+        return cls(
+            vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=n_layers, num_attention_heads=cfg["num_attention_heads"],
+            num_key_value_heads=cfg["num_key_value_heads"], head_dim=cfg.get("head_dim", 256),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=full.get("rope_theta", cfg.get("rope_theta", 1_000_000.0)),
+            rope_local_theta=local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0)),
+            max_position_embeddings=cfg.get("max_position_embeddings", 131_072),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", True),
+            eos_token_id=eos[0] if isinstance(eos, list) else eos,
+            norm_unit_offset=True, qk_norm=True, sandwich_norms=True, activation="gelu_tanh",
+            embed_scale=cfg["hidden_size"] ** 0.5, query_pre_attn_scalar=cfg.get("query_pre_attn_scalar", 256),
+            sliding_window=cfg.get("sliding_window", 4096), layer_types=tuple(layer_types),
+        )
+
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "silu": F.silu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # transformers' gelu_pytorch_tanh
+}
+# LlamaConfig's fields that only a Gemma config sets (never read from a Llama/Qwen2/Mistral config.json, whose
+# sliding_window means something else there)
+GEMMA_FIELDS = ("norm_unit_offset", "qk_norm", "sandwich_norms", "activation", "embed_scale",
+                "query_pre_attn_scalar", "sliding_window", "layer_types", "rope_local_theta")
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -91,6 +171,22 @@ class RMSNorm(nn.Module):
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
+
+
+class UnitOffsetRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: scales by (1 + weight), in float32, before returning to the model dtype (transformers'
+    Gemma3RMSNorm). The weight is stored as transformers stores it (around 0); llama.cpp's GGUF stores 1 + weight,
+    which gguf_convert undoes."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def make_norm(cfg: LlamaConfig, dim: int | None = None) -> RMSNorm:
+    """The config's RMSNorm over `dim` features (default: the hidden size)."""
+    return (UnitOffsetRMSNorm if cfg.norm_unit_offset else RMSNorm)(dim or cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class Linear(nn.Linear):
@@ -130,16 +226,17 @@ class KernelAttend:
     """verispec's attention kernel with one forward's mask ([B, T, S] bool, or empty: causal). A w4a8 layer that
     sees it runs whole in one compiled call (kernels/layer.cpp `layer`), attention included."""
 
-    def __init__(self, kernel: Any, mask: Tensor) -> None:
-        self.kernel, self.mask = kernel, mask
+    def __init__(self, kernel: Any, mask: Tensor, scale: float | None = None) -> None:
+        self.kernel, self.mask, self.scale = kernel, mask, scale
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return self.kernel.attention(q, k, v, self.mask, q.shape[-1] ** -0.5)
+        return self.kernel.attention(q, k, v, self.mask, self.scale or q.shape[-1] ** -0.5)
 
 
-def attention(mask: Tensor | None, batch: int, kv_dtype: torch.dtype, device: torch.device) -> Attend:
-    """How one forward attends, chosen once for all its layers. mask: [T, S] or [B, 1, T, S] bool (which keys each
-    query sees), None for one token that sees them all.
+def attention(mask: Tensor | None, batch: int, kv_dtype: torch.dtype, device: torch.device,
+              scale: float | None = None) -> Attend:
+    """How one forward attends, chosen once for all its layers of one kind. mask: [T, S] or [B, 1, T, S] bool (which
+    keys each query sees), None for one token that sees them all. scale: of the scores (None: head_dim ** -0.5).
 
     On a CPU with a float32 cache: verispec's kernel, each query on its own. Elsewhere torch's attention, with the
     queries that see a plain prefix attended one at a time in forwards of up to EXACT_ATTENTION_MAX tokens."""
@@ -148,7 +245,7 @@ def attention(mask: Tensor | None, batch: int, kv_dtype: torch.dtype, device: to
     kernel = attention_kernel() if device.type == "cpu" and kv_dtype == torch.float32 else None
     if kernel is not None:
         return KernelAttend(kernel, torch.empty(0, dtype=torch.bool) if mask is None else
-                            mask.reshape(-1, *mask.shape[-2:]).expand(batch, -1, -1).contiguous())
+                            mask.reshape(-1, *mask.shape[-2:]).expand(batch, -1, -1).contiguous(), scale)
     if mask is not None and mask.dim() == 2:
         mask = mask[None, None]
     seen = ([seen_prefixes(m[0]) for m in mask.expand(batch, -1, -1, -1)]
@@ -157,15 +254,15 @@ def attention(mask: Tensor | None, batch: int, kv_dtype: torch.dtype, device: to
     def sdpa(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         gqa = k.shape[1] != q.shape[1]
         if seen is None:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa, scale=scale)
         # the masked call covers only the query positions some row cannot attend alone
         rest = sorted({i for row in seen for i, n in enumerate(row) if n is None})
         at = {i: j for j, i in enumerate(rest)}
         masked = F.scaled_dot_product_attention(
-            q[:, :, rest], k, v, attn_mask=mask[..., rest, :], enable_gqa=gqa) if rest else None
+            q[:, :, rest], k, v, attn_mask=mask[..., rest, :], enable_gqa=gqa, scale=scale) if rest else None
         return torch.cat([torch.cat([
             masked[b : b + 1, :, at[i] : at[i] + 1] if n is None else F.scaled_dot_product_attention(
-                q[b : b + 1, :, i : i + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n], enable_gqa=gqa)
+                q[b : b + 1, :, i : i + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n], enable_gqa=gqa, scale=scale)
             for i, n in enumerate(row)], dim=2) for b, row in enumerate(seen)], dim=0)
 
     return sdpa
@@ -212,12 +309,20 @@ class Block(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         qkv_out = (self.n_heads + 2 * self.n_kv) * self.hd
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn_norm = make_norm(cfg)
         self.wqkv = Linear(cfg.hidden_size, qkv_out, bias=cfg.attention_bias)
         self.wo = Linear(self.n_heads * self.hd, cfg.hidden_size, bias=False)
-        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.ffn_norm = make_norm(cfg)
         self.w13 = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)  # gate and up, fused
         self.w2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.act = ACTIVATIONS[cfg.activation]
+        # Gemma: norms over each head's q and k, and on each sublayer's output (absent, not identity, in a Llama
+        # layer, so that its weights and cached quantized files keep their names)
+        self.q_norm = make_norm(cfg, self.hd) if cfg.qk_norm else None
+        self.k_norm = make_norm(cfg, self.hd) if cfg.qk_norm else None
+        self.post_attn_norm = make_norm(cfg) if cfg.sandwich_norms else None
+        self.post_ffn_norm = make_norm(cfg) if cfg.sandwich_norms else None
+        self.plain = cfg.plain_llama_layer  # what kernels/layer.cpp can compute (quant.quantize reads it)
         # Set by quant.quantize where all four linears run on the w4a8 kernel: the layer's other work then runs in
         # two compiled calls (kernels/layer.cpp) instead of ~40 torch calls.
         self.w4a8 = False
@@ -235,15 +340,20 @@ class Block(nn.Module):
         batch, t, _ = x.shape
         qkv = self.wqkv(self.attn_norm(x))
         q, k, v = qkv.split([self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
-        q = apply_rope(q.view(batch, t, self.n_heads, self.hd).transpose(1, 2), cos, sin)  # [B, H, T, D]
-        k = apply_rope(k.view(batch, t, self.n_kv, self.hd).transpose(1, 2), cos, sin)
+        q = q.view(batch, t, self.n_heads, self.hd).transpose(1, 2)  # [B, H, T, D]
+        k = k.view(batch, t, self.n_kv, self.hd).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = v.view(batch, t, self.n_kv, self.hd).transpose(1, 2)
         # [B, KV, length + T, D], in the cache's dtype (attention_dtype); no cache: training (EAGLE's drafter)
         k_all, v_all = (k, v) if cache is None else cache.write(layer, k, v)
         attn = attend(q.to(k_all.dtype), k_all, v_all)
-        x = x + self.wo(attn.to(x.dtype).transpose(1, 2).reshape(batch, t, -1))
+        out = self.wo(attn.to(x.dtype).transpose(1, 2).reshape(batch, t, -1))
+        x = x + (out if self.post_attn_norm is None else self.post_attn_norm(out))
         gate, up = self.w13(self.ffn_norm(x)).chunk(2, dim=-1)
-        return x + self.w2(F.silu(gate) * up)
+        out = self.w2(self.act(gate) * up)
+        return x + (out if self.post_ffn_norm is None else self.post_ffn_norm(out))
 
     def _compiled(self, kernel: Any, x: Tensor, layer: int, cache: KVCache, cos: Tensor, sin: Tensor,
                   attend: Attend) -> Tensor:
@@ -288,12 +398,14 @@ class LlamaModel(nn.Module):
         # import its Python decompositions, 1.3 s of every start)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = make_norm(cfg)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("cos", None, persistent=False)
         self.register_buffer("sin", None, persistent=False)
+        self.register_buffer("cos_local", None, persistent=False)  # the sliding layers' rope, where it differs
+        self.register_buffer("sin_local", None, persistent=False)
         if not torch.empty(()).is_meta:  # on the meta device the loader computes them once the weights are in
             self.init_rope()
 
@@ -302,6 +414,9 @@ class LlamaModel(nn.Module):
         cfg = self.cfg
         self.cos, self.sin = rope_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                          cfg.rope_freq_factors)
+        if cfg.rope_local_theta is not None:
+            self.cos_local, self.sin_local = rope_tables(cfg.head_dim, cfg.max_position_embeddings,
+                                                         cfg.rope_local_theta)
 
     @property
     def device(self) -> torch.device:
@@ -313,7 +428,10 @@ class LlamaModel(nn.Module):
         return self.norm.weight.dtype
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
-        return self.embed(tokens).to(self.dtype)
+        x = self.embed(tokens).to(self.dtype)
+        if self.cfg.embed_scale != 1.0:  # Gemma: times sqrt(hidden_size) rounded to the model dtype, as transformers
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=self.dtype)
+        return x
 
     @property
     def attention_dtype(self) -> torch.dtype:
@@ -362,8 +480,7 @@ class LlamaModel(nn.Module):
         """
         t = tokens.shape[1]
         start = cache.length
-        pos = slice(start, start + t) if positions is None else (start + positions).to(self.cos.device)
-        cos, sin = self.cos[pos].to(self.dtype), self.sin[pos].to(self.dtype)
+        pos = start + (torch.arange(t) if positions is None else positions.to(torch.long).cpu())  # [T], absolute
         if tree_mask is not None:
             prefix = torch.ones(t, start + t - tree_mask.shape[1], dtype=torch.bool, device=tokens.device)
             mask = torch.cat([prefix, tree_mask.to(device=tokens.device, dtype=torch.bool)], dim=1)
@@ -371,12 +488,49 @@ class LlamaModel(nn.Module):
             mask = torch.ones(t, start + t, dtype=torch.bool, device=tokens.device).tril(start)
         else:  # a single token sees everything
             mask = None
-        attend = attention(mask, tokens.shape[0], self.attention_dtype, self.device)
+        key_pos = torch.cat([torch.arange(start), pos])  # [S]: the cached keys sit at their positions (see layer_plan)
+        plan = self.layer_plan(pos, key_pos, mask, tokens.shape[0])
         x = self.inputs(tokens, features)
         for i, layer in enumerate(self.layers[: len(self.layers) if layers is None else layers]):
-            x = layer(x, i, cache, cos, sin, attend)
+            x = layer(x, i, cache, *plan[i])
         logits = self.lm_head(self.norm(x if last_n is None else x[:, -last_n:]))
         return (logits, x) if hidden else logits
+
+    def layer_plan(self, pos: Tensor, key_pos: Tensor, mask: Tensor | None,
+                   batch: int) -> list[tuple[Tensor, Tensor, Attend]]:
+        """Each layer's rope rows (cos, sin) and attention for one forward.
+
+        pos      [T] (or [B, T], a row per sequence): the new tokens' absolute positions
+        key_pos  [S] (or [B, S]): the position of each key slot the forward reads
+        mask     [T, S] (or [B, 1, T, S]) bool: which keys each query sees; None: one token that sees them all
+
+        A sliding layer (Gemma's local ones) also hides the keys `sliding_window` or more positions behind the
+        query: a mask over positions, so that rolled-back drafts and tree slots need nothing more. A committed key
+        sits at the position of its slot; the slots that do not (a drafter's provisional tree nodes, at most a tree
+        deep) are the query's nearest keys, never at the window's edge.
+        """
+        cfg = self.cfg
+        if int(pos.max()) >= self.cos.shape[0]:
+            raise CacheFullError(f"position {int(pos.max())} is past the model's context of {self.cos.shape[0]}")
+
+        def rope(cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+            c, s = (table[pos.to(table.device)].to(self.dtype) for table in (cos, sin))
+            return (c[:, None], s[:, None]) if pos.dim() == 2 else (c, s)  # [B, 1, T, D]: broadcast over heads
+
+        full = (*rope(self.cos, self.sin),
+                attention(mask, batch, self.attention_dtype, self.device, cfg.attention_scale))
+        if cfg.sliding_window is None:
+            return [full] * cfg.num_hidden_layers
+        near = (pos[..., :, None] - key_pos[..., None, :]) < cfg.sliding_window  # [T, S] or [B, T, S]
+        near = near.to(self.device)
+        if pos.dim() == 2:
+            near = near[:, None]
+        attend = full[2]
+        if not bool(near.all()):
+            local_mask = near if mask is None else mask.to(self.device) & near
+            attend = attention(local_mask, batch, self.attention_dtype, self.device, cfg.attention_scale)
+        local = (*rope(self.cos_local, self.sin_local), attend) if self.cos_local is not None else (*full[:2], attend)
+        return [local if cfg.sliding(i) else full for i in range(cfg.num_hidden_layers)]
 
     def inputs(self, tokens: Tensor, features: Tensor | None) -> Tensor:
         """The first block's input [B, T, H]: the token embeddings (a drafter that also reads features overrides
@@ -430,7 +584,7 @@ class LlamaModel(nn.Module):
 
 
 def _hf_to_native(hf: dict[str, Tensor], cfg: LlamaConfig) -> dict[str, Tensor]:
-    """Map HF Llama/Qwen2 parameter names onto the fused native layout."""
+    """Map HF Llama/Qwen2/Gemma3 parameter names onto the fused native layout."""
     out = {"embed.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"]}
     if "lm_head.weight" in hf:
         out["lm_head.weight"] = hf["lm_head.weight"]
@@ -446,5 +600,14 @@ def _hf_to_native(hf: dict[str, Tensor], cfg: LlamaConfig) -> dict[str, Tensor]:
         out[f"layers.{i}.w13.weight"] = torch.cat([hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]])
         out[f"layers.{i}.w2.weight"] = hf[mlp + "down_proj.weight"]
         out[f"layers.{i}.attn_norm.weight"] = hf[pre + "input_layernorm.weight"]
-        out[f"layers.{i}.ffn_norm.weight"] = hf[pre + "post_attention_layernorm.weight"]
+        if not cfg.sandwich_norms:  # Llama: the norm after attention is the MLP's input norm
+            out[f"layers.{i}.ffn_norm.weight"] = hf[pre + "post_attention_layernorm.weight"]
+            continue
+        # Gemma: post_attention_layernorm is the attention output's own norm; the MLP's input norm is another
+        out[f"layers.{i}.post_attn_norm.weight"] = hf[pre + "post_attention_layernorm.weight"]
+        out[f"layers.{i}.ffn_norm.weight"] = hf[pre + "pre_feedforward_layernorm.weight"]
+        out[f"layers.{i}.post_ffn_norm.weight"] = hf[pre + "post_feedforward_layernorm.weight"]
+        if cfg.qk_norm:
+            out[f"layers.{i}.q_norm.weight"] = hf[att + "q_norm.weight"]
+            out[f"layers.{i}.k_norm.weight"] = hf[att + "k_norm.weight"]
     return out
