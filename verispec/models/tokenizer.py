@@ -30,6 +30,12 @@ class Tokenizer:
                 eos.add(tid)
         eos.discard(None)
         self.eos_ids: tuple[int, ...] = tuple(sorted(eos))
+        # What the tokenizer's post-processor puts before a text: Gemma's <bos> (its model needs it at the start);
+        # nothing for Qwen or SmolLM2.
+        plain = backend.encode("a", add_special_tokens=False).ids
+        full = backend.encode("a", add_special_tokens=True).ids
+        at = next((k for k in range(len(full) - len(plain) + 1) if full[k : k + len(plain)] == plain), 0)
+        self.bos_ids: tuple[int, ...] = tuple(full[:at])
 
     @classmethod
     def from_hf(cls, hf: Any) -> "Tokenizer":
@@ -71,12 +77,13 @@ class Tokenizer:
     def __len__(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, *, special: bool = True) -> list[int]:
+    def encode(self, text: str, *, special: bool = True, bos: bool = True) -> list[int]:
         """Token ids of `text`. special=False: text that spells a control token (e.g. "<|im_end|>") is encoded as
-        the plain text it is, never as that token (ValueError where this tokenizer cannot)."""
-        if special or not self._spells_control(text):
-            return self._encode(text)
-        return self._plain(text)
+        the plain text it is, never as that token (ValueError where this tokenizer cannot). bos: begin with the
+        tokens this tokenizer puts before a text (`bos_ids`: Gemma's <bos>, none for Qwen), as a prompt does;
+        False for a piece of text that is not a sequence's start."""
+        ids = self._encode(text) if special or not self._spells_control(text) else self._plain(text)
+        return [*self.bos_ids, *ids] if bos else ids
 
     def _encode(self, text: str, split_special: bool = False) -> list[int]:
         if not split_special:
