@@ -274,7 +274,7 @@ def test_strategy_flags_are_accepted_by_the_strategies_that_read_them(capsys, tm
     for flag, (field, readers) in STRATEGY_FLAGS.items():
         for strategy in readers:
             assert strategy in STRATEGIES
-            value = {"--draft-confidence": "0.5", "--medusa-tree": "2,1"}.get(flag, "2")
+            value = {"--draft-confidence": "0.5", "--medusa-tree": "2,1", "--eagle-tree": "2,1"}.get(flag, "2")
             drafter = tmp_path / strategy  # a directory holding a drafter of the strategy's kind
             drafter.mkdir(exist_ok=True)
             (drafter / "config.json").write_text(json.dumps({"kind": strategy, "heads": 4}))
@@ -282,7 +282,8 @@ def test_strategy_flags_are_accepted_by_the_strategies_that_read_them(capsys, tm
             if flag == "--drafter":
                 value = str(drafter)
             args = build_parser().parse_args(["generate", "hi", "--strategy", strategy, flag, value, *extra])
-            want = (value,) if flag == "--drafter" else (2, 1) if flag == "--medusa-tree" else float(value)
+            want = (value,) if flag == "--drafter" else (2, 1) if flag in ("--medusa-tree", "--eagle-tree") \
+                else float(value)
             assert getattr(strategy_options(args, [strategy]), field) == want
     args = build_parser().parse_args(["bench", "--strategies", "ar,lookahead", "--window", "3"])
     assert strategy_options(args, ["ar", "lookahead"]).lookahead_window == 3

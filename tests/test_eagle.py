@@ -13,7 +13,7 @@ from tests.test_cli import pair, run_inline  # noqa: F401 - the tiny HF pair fix
 from tests.test_losslessness import T07_P09, check
 from verispec.engine import Batch, GenerationParams, generate
 from verispec.models.eagle import EagleConfig, EagleDrafter, load_drafter
-from verispec.proposers.eagle import EagleProposer
+from verispec.proposers.eagle import DynamicTree, EagleProposer
 from verispec.sampling import SamplingParams, logits_to_probs
 from verispec.train_drafter import losses
 
@@ -130,6 +130,91 @@ def test_first_draft_reads_the_targets_features_of_the_whole_sequence(wide_targe
     assert checked == 5
 
 
+@pytest.mark.parametrize("k,depth,gamma", [(2, 2, 3), (3, 4, 8), (4, 5, 12), (1, 4, 4)])
+def test_eagle_tree_greedy_equals_plain_decoding(wide_target, eagle, k, depth, gamma):
+    accepted = 0
+    for prompt in PROMPTS:
+        plain = generate(wide_target, prompt, GenerationParams(max_new_tokens=30)).token_ids
+        got = generate(wide_target, prompt, GenerationParams(max_new_tokens=30, gamma=gamma),
+                       EagleProposer(eagle, 64, wide_target.vocab_size, tree=DynamicTree(k, depth)))
+        assert got.token_ids == plain, prompt
+        accepted += got.metrics.accepted
+    assert accepted > 15
+
+
+def test_eagle_tree_accepts_more_per_round_than_its_chain(wide_target, eagle):
+    """A tree of 8 nodes 4 deep keeps alternatives the chain of 4 bets against: more tokens per target forward."""
+    def per_round(tree: DynamicTree | None, gamma: int) -> float:
+        tokens = rounds = 0
+        for prompt in PROMPTS:
+            m = generate(wide_target, prompt, GenerationParams(max_new_tokens=30, gamma=gamma),
+                         EagleProposer(eagle, 64, wide_target.vocab_size, tree=tree)).metrics
+            tokens, rounds = tokens + m.new_tokens, rounds + m.rounds
+        return tokens / rounds
+
+    chain, tree = per_round(None, 4), per_round(DynamicTree(3, 4), 8)
+    assert tree > chain, (tree, chain)
+
+
+def _drafter_steps(eagle, target, prompt: list[int], tokens: list[int]) -> list[torch.Tensor]:
+    """The drafter's logits for the token after prompt + tokens[:i], i = 0 .. len(tokens), computed as a chain
+    from scratch: the prompt's pairs with the target's features, then each token with the drafter's own output."""
+    from verispec.batch import make_rows
+
+    rows = make_rows(eagle, 1, 64, slack=8)
+    logits, states = rows.forward([0], [prompt[1:]], features=[target_features(target, prompt[:-1])], hidden=True)
+    rows.commit(0, len(prompt) - 1)
+    out, feature = [logits[0][-1]], states[0][-1:]
+    for x in tokens:
+        logits, states = rows.forward([0], [[x]], features=[feature], hidden=True)
+        rows.commit(0, 1)
+        out.append(logits[0][-1])
+        feature = states[0][-1:]
+    return out
+
+
+def test_eagle_tree_nodes_read_their_own_path(wide_target, eagle):
+    """The root's children are the drafter's top-k after the prompt, and the children of its likeliest child
+    (expanded beside its siblings in one tree forward) the top-k after that child: a sibling seen through the
+    mask, a wrong position or the wrong parent feature would change them. With top-k 1 the tree is the chain."""
+    k = 3
+    greedy, gen = SamplingParams(temperature=0.0), torch.Generator()
+    for prompt in (PROMPTS[0], PROMPTS[2]):
+        tree = EagleProposer(eagle, 64, wide_target.vocab_size, tree=DynamicTree(k, 3))
+        tree.reset(0, prompt, hidden=target_features(wide_target, prompt[:-1]))
+        (p,) = tree.propose([0], [30], [greedy], [gen])
+        tokens, parents = p.tokens.tolist(), p.parents.tolist()
+        roots = [i for i, q in enumerate(parents) if q == -1]
+        first = _drafter_steps(eagle, wide_target, prompt, [])[0]
+        assert [tokens[i] for i in roots] == torch.topk(first, k).indices.tolist()
+        best = roots[0]
+        kids = [tokens[i] for i, q in enumerate(parents) if q == best]
+        second = _drafter_steps(eagle, wide_target, prompt, [tokens[best]])[1]
+        assert kids == torch.topk(second, k).indices.tolist()
+
+        chain = EagleProposer(eagle, 64, wide_target.vocab_size)
+        chain.reset(0, prompt, hidden=target_features(wide_target, prompt[:-1]))
+        line = EagleProposer(eagle, 64, wide_target.vocab_size, tree=DynamicTree(1, 5))
+        line.reset(0, prompt, hidden=target_features(wide_target, prompt[:-1]))
+        (a,), (b,) = chain.propose([0], [5], [greedy], [gen]), line.propose([0], [5], [greedy], [gen])
+        assert a.tokens.tolist() == b.tokens.tolist() and b.parents.tolist() == [-1, 0, 1, 2, 3]
+
+
+def test_eagle_tree_rows_of_a_batch_equal_generate_alone(wide_target, eagle):
+    """Greedy rows grow trees and a sampled row drafts a chain in the same rounds; each equals its run alone."""
+    batch = Batch(wide_target, 3, 64, slack=16)
+    proposer = EagleProposer(eagle, 64, wide_target.vocab_size, rows=3, tree=DynamicTree(3, 4))
+    params = [GenerationParams(max_new_tokens=30, gamma=6), GenerationParams(max_new_tokens=30, gamma=4),
+              GenerationParams(max_new_tokens=30, gamma=3, sampling=SamplingParams(temperature=0.8), seed=5)]
+    seqs = [batch.add(p, g, proposer) for p, g in zip(PROMPTS, params)]
+    while batch.live:
+        batch.round()
+    for seq, prompt, g in zip(seqs, PROMPTS, params):
+        alone = generate(wide_target, prompt, g, EagleProposer(eagle, 64, wide_target.vocab_size,
+                                                                tree=DynamicTree(3, 4)))
+        assert seq.out == alone.token_ids
+
+
 @pytest.mark.slow  # 8 s; greedy identity and the first q's exactness run by default
 def test_eagle_keeps_the_target_law(tiny_target):
     drafter = train_tiny(tiny_target, steps=150)
@@ -170,8 +255,13 @@ def test_train_drafter_command_trains_resumes_and_drafts(pair, capsys, tmp_path)
                        "--strategy", "ar", "--max-new-tokens", "20", "--json")
     spec = run_inline(capsys, "generate", "def x ( a ) :", "--target", str(target), "--dtype", "float32",
                       "--strategy", "eagle", "--drafter", str(out), "--gamma", "3", "--max-new-tokens", "20", "--json")
-    assert plain[0] == 0 and spec[0] == 0, spec[2]
-    assert json.loads(spec[1])["token_ids"] == json.loads(plain[1])["token_ids"]
+    tree = run_inline(capsys, "generate", "def x ( a ) :", "--target", str(target), "--dtype", "float32",
+                      "--strategy", "eagle", "--drafter", str(out), "--eagle-tree", "2,3", "--gamma", "5",
+                      "--max-new-tokens", "20", "--json")
+    assert plain[0] == 0 and spec[0] == 0 and tree[0] == 0, spec[2] + tree[2]
+    assert json.loads(spec[1])["token_ids"] == json.loads(plain[1])["token_ids"] == json.loads(tree[1])["token_ids"]
+    code, _, err = run_inline(capsys, "generate", "hi", "--target", str(target), "--eagle-tree", "2")
+    assert code == 2 and "K,D" in err
     code, _, err = run_inline(capsys, "generate", "hi", "--target", str(target), "--strategy", "eagle")
     assert code == 2 and "--drafter" in err and len(err.strip().splitlines()) == 1
     code, _, err = run_inline(capsys, *common, "--budget", "soon")

@@ -23,7 +23,7 @@ from verispec.proposers.adaptive import AdaptiveGammaProposer
 from verispec.proposers.base import PerRow, Proposer
 from verispec.proposers.cross import CrossTokenizerProposer
 from verispec.proposers.draft_model import DraftModelProposer
-from verispec.proposers.eagle import EagleProposer
+from verispec.proposers.eagle import DynamicTree, EagleProposer
 from verispec.proposers.medusa import MedusaProposer
 from verispec.proposers.layerskip import LayerSkipProposer, load_calibration, model_id
 from verispec.proposers.lookahead import LookaheadProposer
@@ -48,6 +48,7 @@ class StrategyOptions:
     draft_confidence: float | None = None  # stop drafting below this draft probability; None: the strategy's default
     drafter: tuple[str, ...] = ()  # drafter directories (`verispec train-drafter`): eagle and medusa use their kind's
     medusa_tree: tuple[int, ...] = ()  # medusa: children per node at each depth (a token tree); () a chain
+    eagle_tree: tuple[int, int] | None = None  # eagle: (top-k, depth) of EAGLE-2's dynamic tree for greedy rows
 
 
 ADAPTIVE_CONFIDENCE = 0.3  # adaptive's default confidence stop
@@ -179,7 +180,8 @@ def _eagle(target: LoadedModel, draft: LoadedModel | None, size: Size, options: 
 
     model = _native(target, "eagle")
     drafter = load_drafter(drafter_dir(options, "eagle")[0], model, quantize_kind="w4a8-4bit" if _w4a8(model) else None)
-    return EagleProposer(drafter, size.max_len, model.vocab_size, rows=size.rows, max_gamma=size.max_gamma)
+    tree = None if options.eagle_tree is None else DynamicTree(*options.eagle_tree)
+    return EagleProposer(drafter, size.max_len, model.vocab_size, rows=size.rows, max_gamma=size.max_gamma, tree=tree)
 
 
 def _medusa(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:

@@ -34,6 +34,7 @@ STRATEGY_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "--lookahead-candidates": ("lookahead_candidates", ("lookahead",)),
     "--drafter": ("drafter", ("eagle", "medusa")),
     "--medusa-tree": ("medusa_tree", ("medusa",)),
+    "--eagle-tree": ("eagle_tree", ("eagle",)),
 }
 
 
@@ -159,6 +160,10 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--medusa-tree", default=None, metavar="W1,W2,..", type=_widths,
                    help="medusa: a token tree, each node at depth d getting W_d+1 children from head d (its top "
                         "choices), up to --gamma nodes (default: a chain, 1,1,1,1)")
+    p.add_argument("--eagle-tree", default=None, metavar="K,D", type=_eagle_tree,
+                   help="eagle: EAGLE-2's dynamic tree for greedy requests: D depths, the K likeliest nodes of each "
+                        "expanded with their K likeliest tokens, the --gamma likeliest nodes verified (default: a "
+                        "chain; sampled requests always draft a chain)")
 
 
 def _widths(text: str) -> tuple[int, ...]:
@@ -169,6 +174,13 @@ def _widths(text: str) -> tuple[int, ...]:
     if not widths or min(widths) < 1:
         raise argparse.ArgumentTypeError(f"widths must be at least 1, got {text!r}")
     return widths
+
+
+def _eagle_tree(text: str) -> tuple[int, int]:
+    widths = _widths(text)
+    if len(widths) != 2:
+        raise argparse.ArgumentTypeError(f"expected K,D (top-k and depth), got {text!r}")
+    return widths[0], widths[1]
 
 
 def _names(strategies: tuple[str, ...] | list[str]) -> str:

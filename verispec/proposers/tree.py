@@ -63,6 +63,24 @@ def path_to(tokens: list[int], parents: list[int], node: int) -> list[int]:
     return path[::-1]
 
 
+def depth_tree(parents: list[int], fed: list[int], feed: list[int], depth: int) -> Tree:
+    """The draft forward of one depth of a tree: `feed` (drawn nodes at `depth`, 1 for the root's children) after
+    the nodes `fed` already run (provisionally committed, K = len(fed) slots back, after the pending tokens);
+    each sees its fed ancestors and itself. parents: every drawn node's parent (-1: the root)."""
+    back = len(fed)
+    slot = {node: k for k, node in enumerate(fed)}
+    mask = torch.zeros(len(feed), back + len(feed), dtype=torch.bool)
+    for j, node in enumerate(feed):
+        mask[j, back + j] = True
+        parent = parents[node]
+        while parent >= 0:
+            mask[j, slot[parent]] = True
+            parent = parents[parent]
+    # the pending tokens end one position before depth 1: offsets count from the length after the fed nodes
+    positions = torch.full((len(feed),), depth - 1 - back, dtype=torch.long)
+    return Tree(positions=positions, mask=mask)
+
+
 @dataclass
 class RowTree:
     """One row's state: its pending tokens, measured acceptance by rank, and its last round's tree."""
@@ -180,7 +198,8 @@ class TreeDraftProposer:
                 live = [i for i in live if i in to_feed]
                 if not live:
                     break
-                trees = [self._depth_tree(self.rows[rows[i]], to_feed[i], depth) for i in live]
+                trees = [depth_tree(self.rows[rows[i]].parents, self.rows[rows[i]].fed, to_feed[i], depth)
+                         for i in live]
                 logits = self._forward([rows[i] for i in live],
                                        [[tokens[i][n] for n in to_feed[i]] for i in live], trees)
                 for j, i in enumerate(live):
@@ -200,22 +219,6 @@ class TreeDraftProposer:
                                 q=torch.stack(qs[i]) if qs[i] else None,
                                 parents=torch.tensor(t.parents, dtype=torch.long)))
         return out
-
-    def _depth_tree(self, t: RowTree, feed: list[int], depth: int) -> Tree:
-        """The draft forward of one depth: `feed` (drawn nodes at `depth`) after the nodes t.fed already run
-        (provisionally committed, K = len(t.fed) slots back); each sees its fed ancestors and itself."""
-        back = len(t.fed)
-        slot = {node: k for k, node in enumerate(t.fed)}
-        mask = torch.zeros(len(feed), back + len(feed), dtype=torch.bool)
-        for j, node in enumerate(feed):
-            mask[j, back + j] = True
-            parent = t.parents[node]
-            while parent >= 0:
-                mask[j, slot[parent]] = True
-                parent = t.parents[parent]
-        # the pending tokens end one position before depth 1: offsets count from the length after the fed nodes
-        positions = torch.full((len(feed),), depth - 1 - back, dtype=torch.long)
-        return Tree(positions=positions, mask=mask)
 
     def _forward(self, rows: list[int], chains: list[list[int]], trees: list[Tree] | None) -> list[Tensor]:
         t0 = time.perf_counter()
