@@ -56,9 +56,8 @@ class LlamaConfig:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
-        if self.sliding_window is not None and (self.layer_types is None
-                                                or len(self.layer_types) != self.num_hidden_layers):
-            raise ValueError("a sliding window needs layer_types, one per layer")
+        if self.sliding_window is not None and len(self.layer_types or ()) < self.num_hidden_layers:
+            raise ValueError("a sliding window needs layer_types naming every layer")
 
     @property
     def attention_scale(self) -> float:
