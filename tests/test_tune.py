@@ -12,7 +12,7 @@ import pytest
 from tests.test_cli import gen_json, pair, run_inline  # noqa: F401 - pair is a fixture
 from verispec.bench.runner import Config, Run
 from verispec.theory import flat_cost
-from verispec.tune import Measured, best, measure, read_config, table
+from verispec.tune import Candidate, best, candidates, measure, read_config, table
 
 
 def _run(config: Config, tokens: int, seconds: float, drafted: int = 0, accepted: int = 0) -> Run:
@@ -21,10 +21,11 @@ def _run(config: Config, tokens: int, seconds: float, drafted: int = 0, accepted
 
 
 def test_measure_runs_every_candidate_on_the_same_prompts_within_the_budget():
-    configs = [Config("verispec", "ar", 0, 0.0), Config("verispec", "draft", 4, 0.0)]
+    configs = [Candidate(Config("verispec", "ar", 0, 0.0)), Candidate(Config("verispec", "draft", 4, 0.0))]
     calls = []
 
-    def run(config, prompt):
+    def run(candidate, prompt):
+        config = candidate.config
         calls.append((config.strategy, prompt[0]))
         return _run(config, 10, 0.5 if config.plain else 0.25, 20, 15)
 
@@ -34,8 +35,17 @@ def test_measure_runs_every_candidate_on_the_same_prompts_within_the_budget():
     assert sums[1].alpha == pytest.approx(0.75)
     _, done = measure(configs, [[1], [2], [3]], run, budget_s=0.0)
     assert done == 1  # at least one prompt, then the budget stops it
-    text = table(sums, flat_cost)
-    assert "draft γ=4 ← chosen" in text and "| ar |" in text
+    text = table(sums, lambda dtype: flat_cost)
+    assert "draft γ=4 ← chosen" in text and "| ar |" in text and "precision" not in text
+
+
+def test_candidates_span_the_precisions():
+    got = candidates(["draft", "ngram"], [2], [("w4a8", "w4a8-4bit"), ("w4a8", "int8"), ("bfloat16", "int4")],
+                     needs_draft=lambda s: s == "draft")
+    assert [(c.config.strategy, c.dtype, c.draft_dtype) for c in got] == [
+        ("ar", "w4a8", None), ("ar", "bfloat16", None),
+        ("draft", "w4a8", "w4a8-4bit"), ("ngram", "w4a8", None), ("draft", "w4a8", "int8"),
+        ("draft", "bfloat16", "int4"), ("ngram", "bfloat16", None)]
 
 
 def test_tune_writes_a_config_that_the_commands_read(pair, capsys, tmp_path):  # noqa: F811
@@ -64,6 +74,29 @@ def test_tune_writes_a_config_that_the_commands_read(pair, capsys, tmp_path):  #
     code, stdout, err = run_inline(capsys, "generate", "def x ( a ) :", "--config", str(out), "--json",
                                    "--max-new-tokens", "8", "--strategy", "ar")
     assert code == 0 and json.loads(stdout)["strategy"] == "ar", err
+
+
+def test_tune_measures_precisions(pair, capsys, tmp_path):  # noqa: F811
+    """Two target precisions and two draft precisions: plain decoding on each target precision, the draft on each
+    pair; the config names the precisions of the fastest measured, and the speedups are over plain decoding on
+    the same target precision."""
+    target, draft = pair
+    out = tmp_path / "tuned.json"
+    code, stdout, err = run_inline(capsys, "tune", "--target", str(target), "--draft", str(draft),
+                                   "--dtypes", "float32,bfloat16", "--draft-dtypes", "float32,bfloat16",
+                                   "--strategies", "draft", "--gamma", "2", "--prompts", "suite", "--categories",
+                                   "code_completion", "--max-new-tokens", "8", "--budget", "10m", "--out", str(out))
+    assert code == 0, err
+    data = json.loads(out.read_text())
+    got = {(m["strategy"], m["dtype"], m["draft_dtype"]) for m in data["measured"]}
+    assert got == {("ar", "float32", None), ("ar", "bfloat16", None)} | {
+        ("draft", d, dd) for d in ("float32", "bfloat16") for dd in ("float32", "bfloat16")}
+    fastest = max(data["measured"], key=lambda m: m["tokens_per_s"])
+    assert (data["dtype"], data["draft_dtype"]) == (fastest["dtype"], fastest["draft_dtype"])
+    assert "| precision |" in stdout and "float32 + bfloat16 draft" in stdout
+    code, _, err = run_inline(capsys, "tune", "--target", str(target), "--dtypes", "float32,fp7", "--out",
+                              str(out))
+    assert code == 2 and "'fp7' is not a precision" in err
 
 
 def test_a_bad_config_is_one_line(pair, capsys, tmp_path):  # noqa: F811

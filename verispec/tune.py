@@ -1,5 +1,5 @@
-"""`verispec tune`: measure the strategies and gammas that apply on the user's prompts, within a time budget, and
-keep the fastest as a config file that `generate`, `bench`, `serve` and `audit` read with `--config`.
+"""`verispec tune`: measure the strategies, gammas and precisions that apply on the user's prompts, within a time
+budget, and keep the fastest as a config file that `generate`, `bench`, `serve` and `audit` read with `--config`.
 
 Every candidate runs on the same prompts, interleaved prompt by prompt (drift in the machine's load hits all of
 them alike); the budget is checked between prompts, so each candidate is measured on as many prompts as the
@@ -25,12 +25,23 @@ CONFIG_VERSION = 1
 CONFIG_KEYS = ("target", "draft", "dtype", "draft_dtype", "strategy", "gamma", "drift_baseline")
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration to measure: a strategy and gamma (a bench Config) on the models of one precision."""
+
+    config: Config
+    dtype: str = ""  # the target's precision ("": the one loaded, in tests)
+    draft_dtype: str | None = None  # None: no draft model runs (plain decoding, or a strategy without one)
+
+
 @dataclass
 class Measured:
     """One candidate's runs summed over the prompts."""
 
     strategy: str
     gamma: int  # 0: plain decoding
+    dtype: str = ""
+    draft_dtype: str | None = None
     tokens: int = 0
     seconds: float = 0.0
     drafted: int = 0
@@ -41,6 +52,10 @@ class Measured:
     @property
     def label(self) -> str:
         return self.strategy + (f" γ={self.gamma}" if self.gamma else "")
+
+    @property
+    def precision(self) -> str:
+        return self.dtype + (f" + {self.draft_dtype} draft" if self.draft_dtype else "")
 
     @property
     def tokens_per_s(self) -> float:
@@ -73,23 +88,28 @@ class Measured:
         return plain_tokens_per_s * predicted_speedup(alpha, self.gamma, self.mean_c or 0.0, verify_cost)
 
 
-def candidates(strategies: Sequence[str], gammas: Sequence[int]) -> list[Config]:
-    """Plain decoding, then every drafting strategy at every gamma (greedy: tuned at temperature 0 unless asked)."""
-    out = [Config("verispec", "ar", 0, 0.0)]
-    out += [Config("verispec", s, g, 0.0) for s in strategies if s != "ar" for g in gammas]
-    return out
+def candidates(strategies: Sequence[str], gammas: Sequence[int], precisions: Sequence[tuple[str, str | None]] = (("", None),),
+               needs_draft: Callable[[str], bool] = lambda s: True) -> list[Candidate]:
+    """Plain decoding on each target precision, then every drafting strategy at every gamma on every precision
+    pair (target, draft); a strategy without a draft model once per target precision. Greedy (temperature 0)
+    unless the caller replaces it."""
+    out = [Candidate(Config("verispec", "ar", 0, 0.0), d) for d in dict.fromkeys(d for d, _ in precisions)]
+    for dtype, draft_dtype in precisions:
+        out += [Candidate(Config("verispec", s, g, 0.0), dtype, draft_dtype if needs_draft(s) else None)
+                for s in strategies if s != "ar" for g in gammas]
+    return list(dict.fromkeys(out))
 
 
-def measure(configs: Sequence[Config], prompts: Sequence[list[int]], run: Callable[[Config, list[int]], Run],
+def measure(candidates: Sequence[Candidate], prompts: Sequence[list[int]], run: Callable[[Candidate, list[int]], Run],
             budget_s: float, on_prompt: Callable[[int], None] | None = None) -> tuple[list[Measured], int]:
-    """Run every config on prompt 0, then prompt 1, ... while the budget lasts (at least one prompt). Returns the
-    sums per config and the number of prompts measured."""
-    sums = [Measured(c.strategy, c.gamma) for c in configs]
+    """Run every candidate on prompt 0, then prompt 1, ... while the budget lasts (at least one prompt). Returns
+    the sums per candidate and the number of prompts measured."""
+    sums = [Measured(c.config.strategy, c.config.gamma, c.dtype, c.draft_dtype) for c in candidates]
     start, done = time.perf_counter(), 0
     for prompt in prompts:
         t0 = time.perf_counter()
-        for config, total in zip(configs, sums):
-            total.add(run(config, prompt))
+        for candidate, total in zip(candidates, sums):
+            total.add(run(candidate, prompt))
         done += 1
         if on_prompt is not None:
             on_prompt(done)
@@ -103,28 +123,35 @@ def best(measured: Sequence[Measured]) -> Measured:
     return max(measured, key=lambda m: m.tokens_per_s)
 
 
-def table(measured: Sequence[Measured], verify_cost: VerifyCost) -> str:
-    """Markdown: each candidate's measured tokens/s, speedup, α, c and the theory's prediction."""
-    plain = next((m for m in measured if m.gamma == 0), None)
-    base = plain.tokens_per_s if plain else math.nan
+def table(measured: Sequence[Measured], cost_of: Callable[[str], VerifyCost]) -> str:
+    """Markdown: each candidate's measured tokens/s, speedup over plain decoding on the same target precision, α,
+    c and the theory's prediction (from that precision's verification-cost curve, `cost_of(dtype)`); a precision
+    column where more than one was measured."""
+    plain = {m.dtype: m.tokens_per_s for m in measured if m.gamma == 0}
+    several = len({m.dtype for m in measured}) > 1 or len({m.draft_dtype for m in measured if m.draft_dtype}) > 1
     chosen = best(measured)
-    lines = ["| candidate | tok/s | × plain | α | c | theory tok/s |", "|---|---|---|---|---|---|"]
+    head = "| candidate |" + (" precision |" if several else "") + " tok/s | × plain | α | c | theory tok/s |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for m in sorted(measured, key=lambda m: -m.tokens_per_s):
-        pred = m.predicted(base, verify_cost)
+        base = plain.get(m.dtype, math.nan)
+        pred = m.predicted(base, cost_of(m.dtype))
         alpha = "-" if m.alpha is None else f"{m.alpha:.3f}"
         c = "-" if m.mean_c is None else f"{m.mean_c:.3f}"
         mark = " ← chosen" if m is chosen else ""
-        lines.append(f"| {m.label}{mark} | {m.tokens_per_s:.2f} | {m.tokens_per_s / base:.2f} | {alpha} | {c} | "
-                     f"{'-' if pred is None else f'{pred:.2f}'} |")
+        precision = f" {m.precision} |" if several else ""
+        lines.append(f"| {m.label}{mark} |{precision} {m.tokens_per_s:.2f} | {m.tokens_per_s / base:.2f} | {alpha} | "
+                     f"{c} | {'-' if pred is None else f'{pred:.2f}'} |")
     return "\n".join(lines)
 
 
 def config_dict(chosen: Measured, models: dict[str, Any], measured: Sequence[Measured], prompts: int,
                 machine: str) -> dict[str, Any]:
-    """What `--config` reads (the CONFIG_KEYS), and how it was chosen."""
+    """What `--config` reads (the CONFIG_KEYS: models' target and draft, the chosen candidate's precisions), and
+    how it was chosen."""
     return {
         "verispec_config": CONFIG_VERSION,
-        **{k: models[k] for k in ("target", "draft", "dtype", "draft_dtype")},
+        "target": models["target"], "draft": models["draft"],
+        "dtype": chosen.dtype or models.get("dtype"), "draft_dtype": chosen.draft_dtype,
         "strategy": chosen.strategy,
         "gamma": chosen.gamma or None,
         # what `serve --config` judges acceptance drift against (verispec.server.drift)

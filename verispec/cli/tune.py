@@ -1,5 +1,5 @@
-"""`verispec tune`: measure strategies × gammas on your prompts within a budget; write the fastest as a config
-file for `--config` (verispec.tune)."""
+"""`verispec tune`: measure strategies × gammas × precisions on your prompts within a budget; write the fastest as
+a config file for `--config` (verispec.tune)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 from verispec.cli.common import comma_list, duration, fail, finite, int_list
 from verispec.cli.options import (
-    add_model_options, add_strategy_options, draft_dtype_of, load_models, resolve_dtype, strategy_options,
+    DTYPE_CHOICES, add_model_options, add_strategy_options, draft_dtype_of, load_models, resolve_dtype,
+    strategy_options,
 )
 
 DEFAULT_STRATEGIES = "draft,draft+ngram,ngram,auto,tree"
@@ -25,6 +26,9 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     p.add_argument("--strategies", default=DEFAULT_STRATEGIES,
                    help=f"comma list of: {', '.join(STRATEGIES)} (plain decoding always runs; default: %(default)s)")
     p.add_argument("--gamma", default="2,4,6", help="comma list of gammas to try (default: %(default)s)")
+    p.add_argument("--dtypes", default=None, help="comma list of target precisions to try (default: --dtype's)")
+    p.add_argument("--draft-dtypes", default=None, help="comma list of draft precisions to try beside each target "
+                   "precision (default: --draft-dtype, else each target precision's default draft)")
     add_strategy_options(p)
     p.add_argument("--prompts", default="suite", help="'suite' or a JSON Lines file, as for bench")
     p.add_argument("--categories", default=None, help="comma list of categories (default: all)")
@@ -38,6 +42,14 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     p.set_defaults(run=run)
 
 
+def _dtypes(text: str, flag: str) -> list[str]:
+    values = comma_list(text, str, flag)
+    bad = [d for d in values if d not in DTYPE_CHOICES]
+    if bad:
+        fail(f"{flag}: {bad[0]!r} is not a precision; choose from {', '.join(DTYPE_CHOICES)}")
+    return values
+
+
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -47,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from verispec.bench.runner import VerispecBackend
     from verispec.bench.suite import load_prompts
     from verispec.models.kernels import cpu_flags
-    from verispec.models.load import default_threads
+    from verispec.models.load import LoadedModel, default_threads
     from verispec.strategies import get
     from verispec.theory import interpolate_cost
     from verispec.tune import best, candidates, config_dict, measure, table
@@ -64,35 +76,64 @@ def run(args: argparse.Namespace) -> int:
         fail("no prompts to tune on")
     resolve_dtype(args)
     options = strategy_options(args, strategies)
+    dtypes = _dtypes(args.dtypes, "--dtypes") if args.dtypes else [args.dtype]
+    needs = [s for s in strategies if get(s).needs_draft]
+    precisions: list[tuple[str, str | None]] = []  # (target, draft) precisions; no draft where none runs
+    for d in dtypes:
+        drafts = (_dtypes(args.draft_dtypes, "--draft-dtypes") if args.draft_dtypes
+                  else [draft_dtype_of(argparse.Namespace(**{**vars(args), "dtype": d}))])
+        precisions += [(d, dd if needs else None) for dd in drafts]
+    precisions = list(dict.fromkeys(precisions))
     default_threads()
     progress = sys.stderr.isatty()
-    target, draft = load_models(args, ["ar", *strategies], progress)
-    tok = target.tokenizer
+    targets: dict[str, LoadedModel] = {}
+    drafts_by: dict[str, LoadedModel] = {}
+    for d, dd in precisions:  # each precision loaded once (a target loaded again beside a new draft is dropped)
+        new_draft = dd is not None and dd not in drafts_by
+        if d in targets and not new_draft:
+            continue
+        at = argparse.Namespace(**{**vars(args), "dtype": d, "draft_dtype": dd})
+        target, draft = load_models(at, ["ar", *needs] if new_draft else ["ar"], progress)
+        targets.setdefault(d, target)
+        if new_draft:
+            drafts_by[dd] = draft
+    tok = targets[dtypes[0]].tokenizer
     encoded = [tok.chat(list(p.messages)) if tok.has_chat_template else tok.encode(p.messages[-1]["content"])
                for p in prompts]
-    print(f"tuning {len(strategies) * len(gammas) + 1} candidates on up to {len(prompts)} prompts "
-          f"({args.max_new_tokens} tokens, T={args.temperature}) within {args.budget:.0f} s", file=sys.stderr)
-    # the cost of verifying k tokens on top of the prompts' median length, for the theory column
+    configs = [dataclasses.replace(c, config=dataclasses.replace(c.config, temperature=args.temperature))
+               for c in candidates(strategies, gammas, precisions, lambda s: get(s).needs_draft)]
+    print(f"tuning {len(configs)} candidates on up to {len(prompts)} prompts ({args.max_new_tokens} tokens, "
+          f"T={args.temperature}) within {args.budget:.0f} s", file=sys.stderr)
+    # the cost of verifying k tokens on top of the prompts' median length, per target precision, for the theory
     context = sorted(len(ids) for ids in encoded)[len(encoded) // 2]
-    curve = verification_curve(target.model, context=context, sizes=tuple(range(1, max(gammas) + 2)), reps=3)
-    cost = interpolate_cost([(row["tokens"], row["relative_to_1"]) for row in curve])
-    backend = VerispecBackend(target, draft, tok.eos_ids, options)
-    configs = [dataclasses.replace(c, temperature=args.temperature) for c in candidates(strategies, gammas)]
-    for config in tqdm(configs, desc="warm-up", disable=not progress, file=sys.stderr, leave=False):
-        backend.run(config, encoded[0], 8, 0)
+    costs = {}
+    for d, target in targets.items():
+        curve = verification_curve(target.model, context=context, sizes=tuple(range(1, max(gammas) + 2)), reps=3)
+        costs[d] = interpolate_cost([(row["tokens"], row["relative_to_1"]) for row in curve])
+    backends = {}
+
+    def backend(c):
+        key = (c.dtype, c.draft_dtype)
+        if key not in backends:
+            draft = drafts_by[c.draft_dtype] if c.draft_dtype is not None else None
+            backends[key] = VerispecBackend(targets[c.dtype], draft, tok.eos_ids, options)
+        return backends[key]
+
+    for c in tqdm(configs, desc="warm-up", disable=not progress, file=sys.stderr, leave=False):
+        backend(c).run(c.config, encoded[0], 8, 0)
     with tqdm(total=len(encoded), desc="tune", unit="prompt", disable=not progress, file=sys.stderr) as bar:
-        measured, done = measure(configs, encoded, lambda c, ids: backend.run(c, ids, args.max_new_tokens, 0),
+        measured, done = measure(configs, encoded,
+                                 lambda c, ids: backend(c).run(c.config, ids, args.max_new_tokens, 0),
                                  args.budget, on_prompt=lambda n: bar.update(1))
     chosen = best(measured)
-    print(table(measured, cost))
+    print(table(measured, lambda d: costs[d]))
     flags = sorted(f for f in cpu_flags() if f.startswith(("avx512_vnni", "avx512_bf16", "avx2", "amx")))
-    models = {"target": args.target, "draft": args.draft, "dtype": args.dtype,
-              "draft_dtype": draft_dtype_of(args) if draft is not None else None}
+    models = {"target": args.target, "draft": args.draft}
     data = config_dict(chosen, models, measured, done, " ".join(flags))
     try:
         Path(args.out).write_text(json.dumps(data, indent=2) + "\n")
     except OSError as e:
         fail(f"cannot write {args.out}: {e.strerror}")
-    print(f"\n{chosen.label}: {chosen.tokens_per_s:.2f} tok/s over {done} prompt(s), the fastest measured; "
-          f"wrote {args.out} (use it with --config {args.out})")
+    print(f"\n{chosen.label} ({chosen.precision}): {chosen.tokens_per_s:.2f} tok/s over {done} prompt(s), the "
+          f"fastest measured; wrote {args.out} (use it with --config {args.out})")
     return 0
