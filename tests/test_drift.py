@@ -21,44 +21,60 @@ GOOD = RoundSample(drafted=4, accepted=4, emitted=5, draft_s=0.01, target_s=0.04
 BAD = RoundSample(drafted=4, accepted=0, emitted=1, draft_s=0.01, target_s=0.04)  # tau 1 < 1.25
 
 
+D, A = ("draft", "completions"), ("auto", "completions")  # drift keys: (strategy, route)
+
+
 def test_drift_watch_warns_falls_back_probes_and_resumes(caplog):
     w = DriftWatch(window=10, drop=0.05, probe_every=6, probe=3)
     for _ in range(10):
-        w.record("draft", GOOD)
-    assert w.alpha("draft") == 1.0 and w.snapshot()["draft"]["baseline"] == 1.0 and w.speculating("draft")
+        w.record(D, GOOD)
+    assert w.alpha(D) == 1.0 and w.snapshot()[D]["baseline"] == 1.0 and w.speculating(D)
     with caplog.at_level(logging.INFO, logger="verispec.drift"):
         for _ in range(10):
-            w.record("draft", BAD)
-    assert w.ratio("draft") == 0.0
-    assert "alpha for draft fell" in caplog.text and "no longer pays for draft" in caplog.text
-    assert not w.speculating("draft") and w.snapshot()["draft"]["fallback"]
+            w.record(D, BAD)
+    assert w.ratio(D) == 0.0
+    assert "alpha for draft (completions) fell" in caplog.text and "no longer pays for draft (completions)" in caplog.text
+    assert not w.speculating(D) and w.snapshot()[D]["fallback"]
     for _ in range(5):
-        w.plain_round("draft")
-    assert not w.speculating("draft")
-    w.plain_round("draft")  # the 6th plain round starts a probe of 3 speculative rounds
-    assert w.speculating("draft")
+        w.plain_round(D)
+    assert not w.speculating(D)
+    w.plain_round(D)  # the 6th plain round starts a probe of 3 speculative rounds
+    assert w.speculating(D)
     for _ in range(3):
-        w.record("draft", GOOD)
-    assert w.speculating("draft") and not w.snapshot()["draft"]["fallback"]  # it pays again: resumed
+        w.record(D, GOOD)
+    assert w.speculating(D) and not w.snapshot()[D]["fallback"]  # it pays again: resumed
     # a probe that still does not pay keeps the fallback
     for _ in range(10):
-        w.record("draft", BAD)
-    assert not w.speculating("draft")
+        w.record(D, BAD)
+    assert not w.speculating(D)
     for _ in range(6):
-        w.plain_round("draft")
+        w.plain_round(D)
     for _ in range(3):
-        w.record("draft", BAD)
-    assert not w.speculating("draft")
+        w.record(D, BAD)
+    assert not w.speculating(D)
 
 
 def test_a_config_baseline_is_used_and_a_mild_fall_only_warns(caplog):
     w = DriftWatch(window=4, drop=0.05, baselines={"auto": 0.9})
     with caplog.at_level(logging.WARNING, logger="verispec.drift"):
         for _ in range(4):
-            w.record("auto", RoundSample(4, 3, 4, 0.01, 0.04))  # alpha 0.75 < 0.9 x 0.95, tau 4 still pays
-    assert w.ratio("auto") == pytest.approx(0.75 / 0.9) and "fell" in caplog.text and w.speculating("auto")
+            w.record(A, RoundSample(4, 3, 4, 0.01, 0.04))  # alpha 0.75 < 0.9 x 0.95, tau 4 still pays
+    assert w.ratio(A) == pytest.approx(0.75 / 0.9) and "fell" in caplog.text and w.speculating(A)
     with pytest.raises(ValueError):
         DriftWatch(window=0)
+
+
+def test_routes_are_watched_apart():
+    """Chat traffic the draft is bad at falls back alone; the completions route keeps drafting, and a config's
+    baseline (per strategy) applies to both."""
+    w = DriftWatch(window=5, baselines={"draft": 1.0})
+    for _ in range(5):
+        w.record(("draft", "chat"), BAD)
+        w.record(D, GOOD)
+    assert not w.speculating(("draft", "chat")) and w.speculating(D)
+    snap = w.snapshot()
+    assert snap[("draft", "chat")]["fallback"] and not snap[D]["fallback"]
+    assert snap[("draft", "chat")]["baseline"] == snap[D]["baseline"] == 1.0
 
 
 class Scramble(torch.nn.Module):
@@ -80,8 +96,8 @@ class Scramble(torch.nn.Module):
         return torch.randn_like(x) * 5 if self.on else x
 
 
-def _gauge(text: str, name: str, strategy: str = "draft") -> float | None:
-    m = re.search(rf'^verispec_{name}{{strategy="{strategy}"}} (\S+)$', text, re.M)
+def _gauge(text: str, name: str, strategy: str = "draft", route: str = "completions") -> float | None:
+    m = re.search(rf'^verispec_{name}{{route="{route}",strategy="{strategy}"}} (\S+)$', text, re.M)
     return float(m.group(1)) if m else None
 
 
@@ -108,14 +124,15 @@ def test_server_drift_warning_metric_and_fallback(dirs, caplog):  # noqa: F811
             seen.append((_gauge(page, "drift_alpha_ratio"), _gauge(page, "drift_fallback")))
             drafted.append(out["usage"]["speculative"]["draft_tokens"])
         assert any(ratio < 0.95 and fallback == 1.0 for ratio, fallback in seen), seen
-        assert "alpha for draft fell" in caplog.text and "no longer pays for draft" in caplog.text
+        assert "alpha for draft (completions) fell" in caplog.text
+        assert "no longer pays for draft (completions)" in caplog.text
         # 40 tokens drafted 3 at a time is ~120 drafts at acceptance 0; plainly, only the probes' rounds draft
         assert min(drafted) < 40, drafted
         scramble.on = False  # the draft is good again: a probe finds it and speculation resumes
         for text in prompts:  # (the gauge reads 0 during a probe too: wait for the probe's verdict)
             complete(client, text, 40)
-            if "pays again for draft" in caplog.text:
+            if "pays again for draft (completions)" in caplog.text:
                 break
-        assert "pays again for draft" in caplog.text
+        assert "pays again for draft (completions)" in caplog.text
         assert _gauge(client.get("/metrics").text, "drift_fallback") == 0.0
         assert complete(client, prompts[1], 40)["usage"]["speculative"]["draft_tokens"] > 0

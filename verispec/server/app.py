@@ -465,7 +465,8 @@ async def _serve(app: FastAPI, http: HTTPRequest, body: CompletionRequest | Chat
 
         seed = None if params.seed is None else (params.seed + i) % 2**63
         requests.append(Request(prompt=prompt, params=dataclasses.replace(params, seed=seed), sink=sink,
-                                stop=body.stop, strategy=strategy, constraint=constraint))
+                                stop=body.stop, strategy=strategy, constraint=constraint,
+                                route="chat" if chat else "completions"))
     for request in requests:
         scheduler.submit(request)
     ids = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"

@@ -44,17 +44,17 @@ class ServerMetrics:
                                    registry=r)
         self.e2e = Histogram(p + "e2e_request_latency_seconds", "Arrival to last token", buckets=_LATENCY,
                              registry=r)
-        # drift watch (verispec.server.drift), per strategy, over its sliding window of rounds
-        self.drift_alpha = Gauge(p + "drift_alpha", "Acceptance rate over the window", ["strategy"], registry=r)
+        # drift watch (verispec.server.drift), per strategy and route, over its sliding window of rounds
+        self.drift_alpha = Gauge(p + "drift_alpha", "Acceptance rate over the window", ["strategy", "route"], registry=r)
         self.drift_baseline = Gauge(p + "drift_alpha_baseline", "The acceptance rate drift is judged against",
-                                    ["strategy"], registry=r)
+                                    ["strategy", "route"], registry=r)
         self.drift_ratio = Gauge(p + "drift_alpha_ratio", "Acceptance rate over the window / baseline",
-                                 ["strategy"], registry=r)
+                                 ["strategy", "route"], registry=r)
         self.drift_tokens_per_forward = Gauge(p + "drift_tokens_per_forward",
-                                              "Tokens emitted per target forward over the window", ["strategy"],
+                                              "Tokens emitted per target forward over the window", ["strategy", "route"],
                                               registry=r)
         self.drift_fallback = Gauge(p + "drift_fallback", "1 while the strategy's rows decode plainly because "
-                                    "speculation did not pay", ["strategy"], registry=r)
+                                    "speculation did not pay", ["strategy", "route"], registry=r)
 
     def record_round(self, drafted: int, accepted: int) -> None:
         if drafted:

@@ -81,6 +81,7 @@ class Request:
     sink: Callable[[Event], None]
     stop: list[str] = field(default_factory=list)
     strategy: str = "ar"
+    route: str = "completions"  # the endpoint ("chat", "completions"): the drift watch keeps them apart
     constraint: Constraint | None = None  # a grammar its output follows (response_format)
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -242,10 +243,10 @@ class Scheduler:
             for seq in self.batch.live:
                 if seq.proposer is None:  # plain decoding (ar), or its proposer failed
                     continue
-                name = seq.tag.request.strategy
-                seq.speculate = self.drift.speculating(name)
+                key = (seq.tag.request.strategy, seq.tag.request.route)
+                seq.speculate = self.drift.speculating(key)
                 if not seq.speculate:
-                    paused.add(name)
+                    paused.add(key)
         steps = self.batch.round(speculate=speculate)
         self.metrics.target_forwards.inc()
         self.metrics.batched_sequences.inc(n)
@@ -274,8 +275,8 @@ class Scheduler:
                 except Exception:  # noqa: BLE001 - a sink that fails must not stop the worker
                     log.exception("could not deliver the last event")
         if self.drift is not None:
-            for name in paused:
-                self.drift.plain_round(name)
+            for key in paused:
+                self.drift.plain_round(key)
             self._drift_metrics()
         self.metrics.running.set(len(self.batch.live))
 
@@ -287,18 +288,18 @@ class Scheduler:
         draft_s, spent = m.draft_seconds - stream.draft_s, target_s - stream.target_s
         stream.draft_s, stream.target_s = m.draft_seconds, target_s
         if step.drafted and step.seq.result.finish_reason is None:  # a last round's stops cut what it emitted
-            self.drift.record(stream.request.strategy, RoundSample(step.drafted, step.accepted, step.accepted + 1,
-                                                                    draft_s, spent))
+            self.drift.record((stream.request.strategy, stream.request.route),
+                              RoundSample(step.drafted, step.accepted, step.accepted + 1, draft_s, spent))
 
     def _drift_metrics(self) -> None:
         assert self.drift is not None
-        for name, figures in self.drift.snapshot().items():
+        for (strategy, route), figures in self.drift.snapshot().items():
             for key, gauge in (("alpha", self.metrics.drift_alpha), ("baseline", self.metrics.drift_baseline),
                                ("ratio", self.metrics.drift_ratio),
                                ("tokens_per_forward", self.metrics.drift_tokens_per_forward)):
                 if figures[key] is not None:
-                    gauge.labels(strategy=name).set(float(figures[key]))
-            self.metrics.drift_fallback.labels(strategy=name).set(1.0 if figures["fallback"] else 0.0)
+                    gauge.labels(strategy=strategy, route=route).set(float(figures[key]))
+            self.metrics.drift_fallback.labels(strategy=strategy, route=route).set(1.0 if figures["fallback"] else 0.0)
 
     def _send_last(self, seq: Sequence, failure: str | None = None) -> None:
         """The request's last event: Done with its usage, or Failed. Its metrics are recorded first, so that a
