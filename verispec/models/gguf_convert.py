@@ -224,6 +224,7 @@ def _hf_config(path: Path, meta: dict[str, Any], arch: str, tensors: dict[str, A
     if head_dim != hidden // n_head:
         cfg["head_dim"] = head_dim
     if arch == "gemma3":
+        del cfg["hidden_act"]  # Gemma's is hidden_activation
         cfg.update(_gemma3_config(path, meta, cfg))
     elif arch == "qwen2":
         cfg["use_sliding_window"] = False
@@ -256,7 +257,6 @@ def _gemma3_config(path: Path, meta: dict[str, Any], cfg: dict) -> dict[str, Any
     scale = meta.get("gemma3.attention.scale")
     scalar = (1.0 / float(scale) ** 2 if scale else
               cfg["hidden_size"] // cfg["num_attention_heads"] if n_layers == 62 else head_dim)  # llama.cpp's rule
-    cfg.pop("hidden_act")
     return {
         "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "head_dim": head_dim,
         "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": scalar,
