@@ -13,7 +13,7 @@ from tests.test_eagle import continuations, fit, target_features
 from tests.test_losslessness import T07_P09, check
 from verispec.engine import Batch, GenerationParams, generate
 from verispec.models.medusa import MedusaConfig, MedusaHeads, load_heads
-from verispec.proposers.medusa import MedusaProposer
+from verispec.proposers.medusa import MedusaPlan, MedusaProposer
 from verispec.sampling import SamplingParams, logits_to_probs
 from verispec.train_drafter import medusa_losses
 
@@ -68,6 +68,55 @@ def test_medusa_trees_equal_plain_decoding(wide_target, medusa, widths, gamma):
         assert got.token_ids == plain, prompt
         accepted += got.metrics.accepted
     assert accepted >= 5
+
+
+def test_planned_medusa_trees_equal_plain_decoding_and_follow_the_cost(wide_target, medusa):
+    """Widths planned per round: greedy output equals plain decoding; where verifying is free the planner drafts
+    (trees), where each verified token costs a whole forward it decodes plainly, and either way the heads'
+    choices are scored against the target's tokens (head 0's rank-0 hits rise above the prior)."""
+    free = MedusaPlan(verify_cost=lambda k: 1.0, c=0.0)
+    steep = MedusaPlan(verify_cost=lambda k: float(k), c=0.1)
+    for plan, drafts in ((free, True), (steep, False)):
+        drafted, widths = 0, set()
+        for prompt in PROMPTS:
+            plain = generate(wide_target, prompt, GenerationParams(max_new_tokens=30)).token_ids
+            proposer = MedusaProposer(medusa, wide_target.vocab_size, plan=plan)
+            batch = Batch(wide_target, 1, 64, slack=16)
+            seq = batch.add(prompt, GenerationParams(max_new_tokens=30, gamma=8), proposer)
+            while batch.live:
+                batch.round()
+                if seq.started and 0 in proposer.counts:
+                    widths.add(proposer.counts[0].widths)
+            assert seq.out == plain, prompt
+            drafted += seq.metrics.drafted
+        assert (drafted > 0) == drafts and (any(len(w) for w in widths)) == drafts, widths
+
+
+def test_planner_scores_the_heads_against_the_targets_tokens(wide_target, medusa):
+    """With no prior and no forgetting, the planner's estimates are the heads' hit rates by rank, recomputed here
+    from a fresh prefill: head 0 at the feature that chose each pending token against the token after it (the
+    steep cost keeps every round a plain step, so head 1 is never scored)."""
+    plan = MedusaPlan(verify_cost=lambda k: float(k), c=0.1, prior_weight=1e-6, decay=1.0)
+    proposer = MedusaProposer(medusa, wide_target.vocab_size, plan=plan)
+    batch = Batch(wide_target, 1, 64, slack=16)
+    prompt = PROMPTS[2]
+    seq = batch.add(prompt, GenerationParams(max_new_tokens=30, gamma=8), proposer)
+    seen = []
+    while batch.live:
+        batch.round()
+        if 0 in proposer.counts:
+            seen.append(proposer.accept(0))
+    text = prompt + seq.out
+    h = target_features(wide_target, text)
+    ranks = []
+    # the proposer starts after the first (plain) round; `seen` misses the last round (its row is freed at once)
+    for n in range(len(prompt) + 1, len(text) - 1):
+        with torch.no_grad():
+            top = torch.topk(medusa(h[n - 2 : n - 1])[0, 0, : wide_target.vocab_size], 4).indices.tolist()
+        ranks.append(top.index(text[n]) if text[n] in top else None)
+    want = [sum(r == j for r in ranks) / len(ranks) for j in range(4)]
+    assert seen[-1][0] == pytest.approx(want, abs=1e-5), (seen[-1][0], want)
+    assert seen[-1][1] == pytest.approx([0.18, 0.036, 0.018, 0.012])  # the prior's ratios, never scored
 
 
 @pytest.fixture(scope="module")
@@ -165,8 +214,11 @@ def test_train_drafter_medusa_trains_resumes_and_drafts(pair, capsys, tmp_path):
                        "--strategy", "ar", "--max-new-tokens", "20", "--json")
     spec = run_inline(capsys, "generate", "def x ( a ) :", "--target", str(target), "--dtype", "float32",
                       "--strategy", "medusa", "--drafter", str(out), "--gamma", "3", "--max-new-tokens", "20", "--json")
-    assert plain[0] == 0 and spec[0] == 0, spec[2]
-    assert json.loads(spec[1])["token_ids"] == json.loads(plain[1])["token_ids"]
+    planned = run_inline(capsys, "generate", "def x ( a ) :", "--target", str(target), "--dtype", "float32",
+                         "--strategy", "medusa", "--drafter", str(out), "--medusa-tree", "auto", "--gamma", "6",
+                         "--max-new-tokens", "20", "--json")
+    assert plain[0] == 0 and spec[0] == 0 and planned[0] == 0, spec[2] + planned[2]
+    assert json.loads(spec[1])["token_ids"] == json.loads(plain[1])["token_ids"] == json.loads(planned[1])["token_ids"]
     code, _, err = run_inline(capsys, "generate", "hi", "--target", str(target), "--strategy", "medusa",
                               "--drafter", str(out), "--medusa-tree", "2,1,1,1")
     assert code == 2 and "--medusa-tree gives 4 depths" in err and len(err.strip().splitlines()) == 1

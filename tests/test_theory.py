@@ -61,3 +61,30 @@ def test_verification_cost_curve():
     # a verification that grows with its width moves the optimum to shorter drafts
     steep = interpolate_cost([(1, 1.0), (16, 4.0)])
     assert optimal_gamma(0.9, 0.1, verify_cost=steep) < optimal_gamma(0.9, 0.1)
+
+
+def test_medusa_widths_is_the_best_tree_by_brute_force():
+    import itertools
+
+    from verispec.theory import medusa_widths
+
+    accept = [[0.5, 0.15, 0.05, 0.02], [0.35, 0.1, 0.05, 0.02], [0.2, 0.08, 0.03, 0.01]]
+    curves = {"flat": lambda k: 1.0, "cpu": lambda k: 1.0 + 0.12 * (k - 1), "steep": lambda k: float(k)}
+    for name, cost in curves.items():
+        for budget in (1, 4, 8, 16):
+            best, speed = (), 1.0 / cost(1)
+            for depth in range(1, 4):
+                for widths in itertools.product(range(1, 5), repeat=depth):
+                    level, nodes, reach, tokens = 1, 0, 1.0, 1.0
+                    for d, w in enumerate(widths):
+                        level *= w
+                        nodes += level
+                        reach *= sum(accept[d][:w])
+                        tokens += reach
+                    s = tokens / (0.05 + cost(nodes + 1))
+                    if nodes <= budget and s > speed + 1e-12:
+                        best, speed = widths, s
+            got, got_speed = medusa_widths(accept, budget, 0.05, cost)
+            assert got_speed == pytest.approx(speed) and got == best, (name, budget, got, best)
+    assert medusa_widths(accept, 16, 0.05, curves["steep"])[0] == ()  # verifying costs more than it brings
+    assert medusa_widths([[0.9]], 1, 0.0, curves["flat"]) == ((1,), pytest.approx(1.9))

@@ -24,7 +24,7 @@ from verispec.proposers.base import PerRow, Proposer
 from verispec.proposers.cross import CrossTokenizerProposer
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.eagle import DynamicTree, EagleProposer
-from verispec.proposers.medusa import MedusaProposer
+from verispec.proposers.medusa import MedusaPlan, MedusaProposer
 from verispec.proposers.layerskip import LayerSkipProposer, load_calibration, model_id
 from verispec.proposers.lookahead import LookaheadProposer
 from verispec.proposers.mix import DraftNgramProposer
@@ -47,7 +47,8 @@ class StrategyOptions:
     lookahead_candidates: int = 5  # G: pool continuations kept per first token
     draft_confidence: float | None = None  # stop drafting below this draft probability; None: the strategy's default
     drafter: tuple[str, ...] = ()  # drafter directories (`verispec train-drafter`): eagle and medusa use their kind's
-    medusa_tree: tuple[int, ...] = ()  # medusa: children per node at each depth (a token tree); () a chain
+    # medusa: children per node at each depth (a token tree); () a chain; "auto": planned every round
+    medusa_tree: tuple[int, ...] | str = ()
     eagle_tree: tuple[int, int] | None = None  # eagle: (top-k, depth) of EAGLE-2's dynamic tree for greedy rows
 
 
@@ -169,7 +170,7 @@ def check_options(name: str, options: StrategyOptions) -> None:
     if name in ("eagle", "medusa"):
         directory, config = drafter_dir(options, name)
         heads = config.get("heads", 0)
-        if name == "medusa" and len(options.medusa_tree) > heads:
+        if name == "medusa" and options.medusa_tree != "auto" and len(options.medusa_tree) > heads:
             raise ValueError(f"--medusa-tree gives {len(options.medusa_tree)} depths; the heads in {directory} "
                              f"guess {heads}")
 
@@ -191,7 +192,9 @@ def _medusa(target: LoadedModel, draft: LoadedModel | None, size: Size, options:
 
     model = _native(target, "medusa")
     heads = load_heads(drafter_dir(options, "medusa")[0], model, quantize_kind="w4a8-4bit" if _w4a8(model) else None)
-    return MedusaProposer(heads, model.vocab_size, widths=options.medusa_tree)
+    if options.medusa_tree == "auto":
+        return MedusaProposer(heads, model.vocab_size, plan=MedusaPlan(verify_cost=verify_cost_of(model)))
+    return MedusaProposer(heads, model.vocab_size, widths=tuple(options.medusa_tree))
 
 
 def _prices(target: LoadedModel, draft: LoadedModel | None) -> tuple[float, VerifyCost]:

@@ -178,3 +178,35 @@ def plan_tree(rank_accept: Sequence[float], budget: int, c: float,
         if s > speed + 1e-12:
             best, speed = shape, s
     return best, speed
+
+
+def medusa_widths(accept: Sequence[Sequence[float]], budget: int, c: float = 0.0,
+                  verify_cost: VerifyCost = flat_cost, max_width: int = 4) -> tuple[tuple[int, ...], float]:
+    """Medusa's tree widths (w_1, .., w_D) of at most `budget` nodes with the highest predicted speed (tokens per
+    one-token target forward), and that speed; () (a plain step) where no tree beats it.
+
+    accept[d][j]: the probability that head d's j-th choice is the target's token d + 1 places on, given the path
+    above it was accepted; the same at every node of a depth, since the heads read one feature. The w_d children of
+    a depth-d node catch the target's token with probability sum_{j < w_d} accept[d][j], so a round emits on
+    average 1 + sum_d prod_{e <= d} sum_{j < w_e} accept[e][j] tokens, and verifies sum_d prod_{e <= d} w_e nodes
+    (+ 1) in one forward, after one call of the heads (c)."""
+    best: tuple[int, ...] = ()
+    speed = 1.0 / verify_cost(1)
+
+    def walk(widths: tuple[int, ...], nodes: int, level: int, reach: float, tokens: float) -> None:
+        nonlocal best, speed
+        if widths:
+            s = tokens / (c + verify_cost(nodes + 1))
+            if s > speed + 1e-12:
+                best, speed = widths, s
+        d = len(widths)
+        if d == len(accept):
+            return
+        for w in range(1, min(max_width, len(accept[d])) + 1):
+            if nodes + level * w > budget:
+                break
+            p = reach * sum(accept[d][:w])
+            walk(widths + (w,), nodes + level * w, level * w, p, tokens + p)
+
+    walk((), 0, 1, 1.0, 1.0)
+    return best, speed

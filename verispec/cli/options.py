@@ -157,9 +157,10 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=None, metavar="DIR", action="append",
                    help="eagle, medusa: a drafter directory `verispec train-drafter` wrote for this target (give one "
                         "of each kind to run both; each strategy takes the one of its kind)")
-    p.add_argument("--medusa-tree", default=None, metavar="W1,W2,..", type=_widths,
+    p.add_argument("--medusa-tree", default=None, metavar="W1,W2,..|auto", type=_medusa_tree,
                    help="medusa: a token tree, each node at depth d getting W_d+1 children from head d (its top "
-                        "choices), up to --gamma nodes (default: a chain, 1,1,1,1)")
+                        "choices), up to --gamma nodes; auto: widths planned every round from the measured "
+                        "acceptance by head and rank and this machine's verification cost (default: a chain)")
     p.add_argument("--eagle-tree", default=None, metavar="K,D", type=_eagle_tree,
                    help="eagle: EAGLE-2's dynamic tree for greedy requests: D depths, the K likeliest nodes of each "
                         "expanded with their K likeliest tokens, the --gamma likeliest nodes verified (default: a "
@@ -174,6 +175,10 @@ def _widths(text: str) -> tuple[int, ...]:
     if not widths or min(widths) < 1:
         raise argparse.ArgumentTypeError(f"widths must be at least 1, got {text!r}")
     return widths
+
+
+def _medusa_tree(text: str) -> tuple[int, ...] | str:
+    return "auto" if text == "auto" else _widths(text)
 
 
 def _eagle_tree(text: str) -> tuple[int, int]:

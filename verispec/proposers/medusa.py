@@ -5,11 +5,17 @@ ends with it; at reset, the prompt's last feature). Head k reads h_t and guesses
 one, so a chain of up to K tokens comes from one call, for every row at once. A sampled chain draws each token from
 its own head's q_k; the heads never see each other's draws, so q_k is exactly what that token was drawn from given
 everything before it, and the chain verifier's rule applies unchanged.
+
+With a `MedusaPlan` the tree's widths are chosen every round (theory.medusa_widths) from the row's measured
+acceptance by head and rank and this machine's verification-cost curve, down to a plain step where no tree pays.
+Every round scores each head's top choices against the tokens the target emitted, whatever was drafted, so the
+estimates stay current while the row decodes plainly. The widths depend only on earlier rounds: exact.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -20,6 +26,31 @@ from verispec.proposers.base import Outcome, Proposal, ProposerStats
 from verispec.proposers.draft_model import probs_on_vocab, to_vocab
 from verispec.proposers.tree import draw_children, path_to
 from verispec.sampling import SamplingParams, Shaper, argmax, logits_to_probs, sample
+from verispec.theory import VerifyCost, flat_cost, medusa_widths
+
+PRIOR_HEAD_ACCEPT = (0.3, 0.06, 0.03, 0.02)  # head 0's acceptance by rank before a row has measured its own;
+PRIOR_HEAD_DECAY = 0.6  # head d's is head 0's times this ** d (the real pair's heads: 0.18 alpha, falling with d)
+
+
+@dataclass(frozen=True)
+class MedusaPlan:
+    """Tree widths planned per round from measured acceptance (see the module docstring). c: the heads' call over
+    a target step (0.07-0.10 measured on the real pair); prior_weight rounds' worth of the prior, forgotten by
+    `decay` a round."""
+
+    verify_cost: VerifyCost = flat_cost
+    c: float = 0.08
+    max_width: int = 4
+    prior_weight: float = 4.0
+    decay: float = 0.9
+
+
+@dataclass
+class _Counts:
+    hits: list[list[float]]  # [head][rank]: rounds in which the head's rank-j choice was the target's token
+    chances: list[float]  # [head]: rounds in which the target's token at the head's depth was known
+    guesses: list[list[int]] | None = None  # the last round's top choices of each head
+    widths: tuple[int, ...] = field(default_factory=tuple)  # the last round's planned widths
 
 
 class MedusaProposer:
@@ -29,18 +60,41 @@ class MedusaProposer:
     d - 1 (its top-w_d when greedy; w_d draws without replacement when sampled, each with the q it was drawn from,
     as verispec.verify.verify_tree needs), breadth first, up to the round's gamma nodes. Empty: a chain."""
 
-    def __init__(self, heads: MedusaHeads, vocab_size: int, widths: tuple[int, ...] = ()) -> None:
+    def __init__(self, heads: MedusaHeads, vocab_size: int, widths: tuple[int, ...] = (),
+                 plan: MedusaPlan | None = None) -> None:
         if any(w < 1 for w in widths) or len(widths) > heads.medusa.heads:
             raise ValueError(f"tree widths must be >= 1, at most one per head ({heads.medusa.heads}), got {widths}")
-        self.heads, self.vocab_size, self.widths = heads, vocab_size, widths
+        if widths and plan is not None:
+            raise ValueError("give fixed tree widths or a plan, not both")
+        self.heads, self.vocab_size, self.widths, self.plan = heads, vocab_size, widths, plan
         self.feature: dict[int, Tensor | None] = {}  # [1, H] the target's feature that chose the pending token
+        self.counts: dict[int, _Counts] = {}
         self._stats: dict[int, ProposerStats] = {}
+
+    def accept(self, row: int) -> list[list[float]]:
+        """The row's estimated acceptance [head][rank] (prior included)."""
+        c = self.counts[row]
+        return [[h / max(n, 1e-9) for h in hits] for hits, n in zip(c.hits, c.chances)]
+
+    def widths_for(self, row: int, budget: int) -> tuple[int, ...]:
+        """This round's widths: the fixed ones, the planned ones, or () for a chain (no plan) / a plain step."""
+        if self.plan is None:
+            return self.widths
+        plan = self.plan
+        widths, _ = medusa_widths(self.accept(row), budget, plan.c, plan.verify_cost, plan.max_width)
+        self.counts[row].widths = widths
+        return widths
 
     def reset(self, row: int, prompt: list[int], target: Rows | None = None, hidden: Tensor | None = None) -> None:
         if hidden is None and len(prompt) > 1:
             raise ValueError("Medusa heads need the target's hidden states (a native Llama-family target)")
         self.feature[row] = hidden[-1:] if hidden is not None and len(hidden) else None  # none for 1-token prompts
         self._stats[row] = ProposerStats()
+        if self.plan is not None:
+            k, w = self.heads.medusa.heads, self.plan.max_width
+            prior = [[a * PRIOR_HEAD_DECAY ** d * self.plan.prior_weight for a in PRIOR_HEAD_ACCEPT[:w]]
+                     + [0.0] * (w - len(PRIOR_HEAD_ACCEPT[:w])) for d in range(k)]
+            self.counts[row] = _Counts(prior, [self.plan.prior_weight] * k)
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
                 generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:
@@ -51,10 +105,19 @@ class MedusaProposer:
         t0 = time.perf_counter()
         with torch.no_grad():
             logits = self.heads(torch.cat([self.feature[rows[i]] for i in live]))  # [n, K, V']
+        if self.plan is not None:
+            for r in rows:
+                self.counts[r].guesses = None
+            top = torch.topk(logits[..., : self.vocab_size], self.plan.max_width, dim=-1).indices.tolist()
         for j, i in enumerate(live):
             shape = shapes[i] if shapes is not None else None
-            if self.widths:
-                out[i] = self._tree(logits[j], gammas[i], sampling[i], generators[i], shape)
+            if self.plan is not None:
+                self.counts[rows[i]].guesses = top[j]
+            widths = self.widths_for(rows[i], gammas[i])
+            if widths:
+                out[i] = self._tree(logits[j], gammas[i], sampling[i], generators[i], widths, shape)
+                continue
+            if self.plan is not None:  # no tree pays: a plain step (the heads' guesses are scored all the same)
                 continue
             last = logits[j, : gammas[i], : self.vocab_size]  # [gamma', V'], V' <= V: ids past V' have q = 0
             if shape is not None:
@@ -86,13 +149,13 @@ class MedusaProposer:
         return Proposal(tokens=torch.tensor(tokens, dtype=torch.long), q=torch.stack(qs) if qs else None)
 
     def _tree(self, logits: Tensor, budget: int, sampling: SamplingParams, generator: torch.Generator,
-              shape: Shaper | None = None) -> Proposal:
+              widths: tuple[int, ...], shape: Shaper | None = None) -> Proposal:
         """Breadth-first: the children of every node at one depth from that depth's head, until `budget` nodes."""
         tokens: list[int] = []
         parents: list[int] = []
         qs: list[Tensor] = []
         level = [-1]  # the pending token
-        for depth, width in enumerate(self.widths):
+        for depth, width in enumerate(widths):
             below = []
             for parent in level:
                 head = logits[depth]
@@ -115,13 +178,27 @@ class MedusaProposer:
         if outcome.hidden is None:
             raise ValueError("Medusa heads need the target's hidden states of every round")
         self.feature[row] = outcome.hidden[-1:]  # chose the last emitted token, the next round's pending one
+        if self.plan is not None and self.counts[row].guesses is not None:
+            self._score(self.counts[row], outcome.emitted)
+
+    def _score(self, c: _Counts, emitted: list[int]) -> None:
+        """Head d's choices against the target's token at depth d + 1, for the depths the round reached (the token
+        after d accepted drafts: emitted[d])."""
+        assert self.plan is not None and c.guesses is not None
+        c.hits = [[h * self.plan.decay for h in hits] for hits in c.hits]
+        c.chances = [n * self.plan.decay for n in c.chances]
+        for d, (token, guesses) in enumerate(zip(emitted, c.guesses)):
+            c.chances[d] += 1
+            if token in guesses:
+                c.hits[d][guesses.index(token)] += 1
 
     def move(self, src: int, dst: int) -> None:
-        for state in (self.feature, self._stats):
-            state[dst] = state.pop(src)
+        for state in (self.feature, self._stats, self.counts):
+            if src in state:
+                state[dst] = state.pop(src)
 
     def free(self, row: int) -> None:
-        for state in (self.feature, self._stats):
+        for state in (self.feature, self._stats, self.counts):
             state.pop(row, None)
 
     def stats(self, row: int) -> ProposerStats:
