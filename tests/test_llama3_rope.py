@@ -97,3 +97,33 @@ def test_other_rope_scalings_are_refused():
            "num_attention_heads": 2, "num_key_value_heads": 2, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
     with pytest.raises(ValueError, match="'yarn' is not supported"):
         LlamaConfig.from_hf(cfg)
+
+
+def test_llama3_greedy_speculation_equals_plain_decoding(reference, tmp_path):
+    """Speculation on a Llama 3 model (rope scaled as above) past its original context of 32 positions: every
+    strategy that needs no second model, and a draft model (a noisy copy), give plain decoding's greedy tokens on
+    3 prompts. (No Llama 3 weights are on the package index: the real-weight families are tested in
+    tests/test_model_families.py.)"""
+    from tests.conftest import noisy_copy
+    from verispec.engine import GenerationParams, generate
+    from verispec.proposers.draft_model import DraftModelProposer
+    from verispec.proposers.layerskip import LayerSkipProposer
+    from verispec.proposers.lookahead import LookaheadProposer
+    from verispec.proposers.ngram import NgramProposer
+
+    hf, tokens, _ = reference
+    hf.save_pretrained(tmp_path)
+    model = _native(tmp_path)
+    assert model.cfg.rope_freq_factors is not None
+    draft = noisy_copy(model, 0.05, seed=3)
+    prompts = [tokens[0, :30].tolist(), tokens[0, 40:90].tolist(), (tokens[0, :8].tolist() * 5)]
+    accepted = 0
+    for prompt in prompts:
+        params = GenerationParams(max_new_tokens=40, gamma=4)
+        plain = generate(model, prompt, params).token_ids
+        for proposer in (NgramProposer(3, 1), LookaheadProposer(), LayerSkipProposer(model, 1),
+                         DraftModelProposer(draft, len(prompt) + 60)):
+            got = generate(model, prompt, params, proposer)
+            assert got.token_ids == plain, (type(proposer).__name__, prompt[:4])
+            accepted += got.metrics.accepted
+    assert accepted > 20
