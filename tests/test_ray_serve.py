@@ -177,12 +177,13 @@ def test_killing_a_replica_mid_load_loses_no_request(cluster, models):
         proposer = DraftModelProposer(d.model, len(ids) + max_tokens + GAMMA + 2, vocab_size=t.model.vocab_size)
         return generate(t.model, ids, params, proposer).token_ids
 
+    pids = {r["id"]: r["pid"] for r in _health(cluster)["replicas"]["list"]}
     hit, probe = threading.Event(), {}
 
-    def first_token(replica: str) -> None:  # the probe's replica is the victim: a request is mid-stream on it
-        probe["replica"] = replica
+    def first_token(replica: str) -> None:  # kill the probe's replica at once: a request is mid-stream on it
+        os.kill(pids[replica], signal.SIGKILL)
+        probe.update(replica=replica, killed=time.monotonic())
         hit.set()
-        time.sleep(0.05)  # leave the kill time to land while this stream is open
 
     with ThreadPoolExecutor(41) as pool:
         futures = [pool.submit(_request, cluster, p, max_tokens, i % 2 == 1, ignore_eos=True)
@@ -190,9 +191,7 @@ def test_killing_a_replica_mid_load_loses_no_request(cluster, models):
         futures.append(pool.submit(_request, cluster, prompts[0], max_tokens, True, on_token=first_token,
                                    ignore_eos=True))
         assert hit.wait(timeout=60), "the probe stream never got a token"
-        victim = next(r for r in _health(cluster)["replicas"]["list"] if r["id"] == probe["replica"])
-        os.kill(victim["pid"], signal.SIGKILL)
-        killed = time.monotonic()
+        victim, killed = {"id": probe["replica"], "pid": pids[probe["replica"]]}, probe["killed"]
         results = [f.result(timeout=180) for f in futures]  # none hangs
     assert results[-1]["error"]["code"] == "replica_unavailable" and results[-1]["ids"]  # the probe: cut after tokens
     assert results[-1]["ids"] == expected(prompts[0])[:len(results[-1]["ids"])]
