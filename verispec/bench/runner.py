@@ -293,9 +293,12 @@ class LlamaCppBackend:
 
             lib.llama_model_default_params = no_repack
             try:
+                # logits_all with a draft: llama-cpp-python (0.3.36) keeps every position's logits then, but sizes
+                # their array from this flag, so without it a prompt + output past n_batch (512) tokens overflows
+                # it (a broadcast error); the array is not written (so not resident) beyond the tokens used
                 self._llms[gamma] = Llama(
                     model_path=self.path, n_ctx=self.n_ctx, n_threads=self.threads, n_threads_batch=self.threads,
-                    draft_model=draft, verbose=False,
+                    draft_model=draft, logits_all=draft is not None, verbose=False,
                 )
             finally:
                 lib.llama_model_default_params = defaults
