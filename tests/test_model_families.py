@@ -23,6 +23,16 @@ PROMPTS = [
 ]
 
 
+def _speculative_equals_plain(loaded, prompt: list[int], strategy: str, layers: int) -> None:
+    """48 greedy tokens with `strategy` (layer skip drafting with the first `layers` blocks) equal plain decoding."""
+    params = GenerationParams(max_new_tokens=48, gamma=4, eos_ids=loaded.tokenizer.eos_ids)
+    plain = generate(loaded.model, prompt, params)
+    proposer = make_proposer(strategy, loaded, None, len(prompt) + 64, StrategyOptions(layerskip_layers=layers))
+    got = generate(loaded.model, prompt, params, proposer)
+    assert got.token_ids == plain.token_ids, (strategy, len(prompt))
+    assert len(plain.token_ids) > 4
+
+
 @pytest.fixture(scope="module")
 def smollm2():
     from verispec.models.load import load
@@ -35,14 +45,7 @@ def test_smollm2_greedy_speculative_equals_plain(smollm2, strategy):
     tok = smollm2.tokenizer
     assert type(smollm2.model).__name__ == "LlamaModel"  # the native model, not the adapter
     for text, chat in PROMPTS:
-        prompt = _prompt(tok, text, chat)
-        params = GenerationParams(max_new_tokens=48, gamma=4, eos_ids=tok.eos_ids)
-        plain = generate(smollm2.model, prompt, params)
-        options = StrategyOptions(layerskip_layers=20)
-        proposer = make_proposer(strategy, smollm2, None, len(prompt) + 64, options)
-        got = generate(smollm2.model, prompt, params, proposer)
-        assert got.token_ids == plain.token_ids, (strategy, text)
-        assert len(plain.token_ids) > 4
+        _speculative_equals_plain(smollm2, _prompt(tok, text, chat), strategy, layers=20)
 
 
 def test_smollm2_drafts_for_qwen_across_tokenizers(smollm2):
@@ -87,12 +90,7 @@ def test_gemma3_greedy_speculative_equals_plain(gemma3, strategy):
         prompt = tok.encode(text)
         assert prompt[0] == 2  # <bos>
         lengths.append(len(prompt))
-        params = GenerationParams(max_new_tokens=48, gamma=4, eos_ids=tok.eos_ids)
-        plain = generate(gemma3.model, prompt, params)
-        proposer = make_proposer(strategy, gemma3, None, len(prompt) + 64, StrategyOptions(layerskip_layers=12))
-        got = generate(gemma3.model, prompt, params, proposer)
-        assert got.token_ids == plain.token_ids, (strategy, text[:40])
-        assert len(plain.token_ids) > 4
+        _speculative_equals_plain(gemma3, prompt, strategy, layers=12)
     assert max(lengths) > 600  # past the window
 
 
