@@ -37,7 +37,7 @@ ISA_CFLAGS = {
 }
 LDFLAGS = ["-fopenmp"]
 SOURCES = ("w4a8.cpp", "attention.cpp", "layer.cpp")
-HEADERS = ("vec.h",)
+HEADERS = ("vec.h", "tensor.h")
 ISAS = tuple(ISA_FLAGS)
 NEEDED_FLAGS = ISA_FLAGS["avx512"]  # the fastest build's
 CFLAGS = ISA_CFLAGS["avx512"]
@@ -166,7 +166,7 @@ def _build(isa: str) -> ModuleType:
     except ImportError:
         pass
     if not any(build.glob("*.so")):
-        print(f"compiling verispec's w4a8 CPU kernel for {isa} (once per machine, about 20 s)...", file=sys.stderr)
+        print(f"compiling verispec's w4a8 CPU kernel for {isa} (once per machine, about 10 s)...", file=sys.stderr)
     try:
         return cpp_extension.load(name=f"verispec_w4a8_{isa}_{key}", sources=[str(src) for src in sources], extra_cflags=cflags,
                                   extra_ldflags=LDFLAGS,

@@ -10,8 +10,7 @@
 // The code uses GCC's 16-float vectors (one AVX-512 register, or two AVX2 ones): element-wise IEEE operations in a
 // fixed order, no reassociation or contraction (-ffp-contract=off), so the AVX-512 and AVX2 builds give the same
 // bits. A head dimension that is not a multiple of 16 is zero-padded in registers (zeros add nothing).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "tensor.h"
 #include <cstdint>
 #include <cstring>
 #include <vector>

@@ -6,7 +6,7 @@
 // (about 0.25 ms a layer of the 0.5B draft: a third of its step). Here they are loops over rows, so every row's
 // result depends on that row alone (exact greedy speculation needs that), in the same fixed order in both builds
 // (vec.h; -ffp-contract=off).
-#include <torch/extension.h>
+#include "tensor.h"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

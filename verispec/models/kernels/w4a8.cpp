@@ -22,8 +22,9 @@
 //
 // Every row is computed by the same instruction sequence whatever the other rows are, so a token's output
 // does not depend on how many tokens share the forward (exact greedy speculation needs that).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "tensor.h"
 #include <immintrin.h>
 #include <algorithm>
 #include <array>
