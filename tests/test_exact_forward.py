@@ -102,9 +102,14 @@ def test_each_exact_path_is_needed(bf16_target, monkeypatch, drop):
         if not _one_row_linear_rounds_apart(bf16_target):
             pytest.skip("this CPU's one-row bf16 matmul rounds like its many-row GEMM")
         monkeypatch.setattr(llama.Linear, "forward", torch.nn.Linear.forward)
-    tokens = torch.randint(0, CFG.vocab_size, (1, 45), generator=torch.Generator().manual_seed(0))
-    wide, steps = _steps(bf16_target, tokens[:, :40], tokens[:, 40:])
-    assert not torch.equal(wide, steps)
+    # Where the two paths round apart only for some inputs (an Intel Xeon with AMX: about one chunk in three),
+    # one chunk may happen to agree; a broken path shows on some chunk of a few.
+    for seed in range(16):
+        tokens = torch.randint(0, CFG.vocab_size, (1, 45), generator=torch.Generator().manual_seed(seed))
+        wide, steps = _steps(bf16_target, tokens[:, :40], tokens[:, 40:])
+        if not torch.equal(wide, steps):
+            return
+    pytest.fail("16 chunks got the same logits with the exact path dropped")
 
 
 def test_speculative_greedy_equals_plain_in_bf16(bf16_target):

@@ -212,7 +212,8 @@ def test_a_top_p_below_float32s_range_keeps_the_top_token(url, models, top_p):
 
 def test_huge_bodies_are_refused_before_any_work_while_health_answers(url, capsys):
     """A 5 MB body (declared length, then chunked with no length) is a 413 before it is read; 3 MB of prompt
-    text, under the body limit, is a 400 before it is tokenized; /health answers within 100 ms throughout."""
+    text, under the body limit, is a 400 before it is tokenized; /health answers throughout (never held for the
+    bodies' work)."""
     text = "x ( a ) " * 400_000  # 3.2 MB
     results: dict[str, httpx.Response] = {}
     done = threading.Event()
@@ -254,7 +255,10 @@ def test_huge_bodies_are_refused_before_any_work_while_health_answers(url, capsy
     with capsys.disabled():
         print(f"\n/health while huge bodies were refused: {len(latencies)} probes, median "
               f"{1e3 * statistics.median(latencies):.1f} ms, max {1e3 * max(latencies):.1f} ms")
-    assert max(latencies) < 0.1, max(latencies)
+    # The bound says the loop was never held by a huge body's work (tokenizing this text takes ~1.8 s here), not
+    # how fast it answers: the server shares this process's GIL with the 5 MB sender, and a probe has waited
+    # 0.37 s on a loaded CI machine.
+    assert max(latencies) < 1.0, max(latencies)
 
 
 def test_a_body_that_never_arrives_times_out(models):
