@@ -35,7 +35,9 @@ def main() -> int:
     ap.add_argument("--draft-dtype", default="auto",
                     help="int8, w8a8, int4, bfloat16, ... or auto: verispec's default beside each target precision; "
                          "a comma list runs each drafting strategy with each draft precision, side by side")
-    ap.add_argument("--draft-vocab", type=int, default=None, help="keep the draft's first N LM-head rows")
+    ap.add_argument("--draft-vocab", default="0",
+                    help="keep the draft's first N LM-head rows (0: all); a comma list runs each drafting strategy "
+                         "with each, side by side (its draft column then reads precision@N)")
     ap.add_argument("--strategies", default="ar,draft,adaptive")
     ap.add_argument("--gamma", type=int, default=4, help="gamma of draft; adaptive gets twice this as its cap")
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -47,16 +49,19 @@ def main() -> int:
     default_threads()
     dtypes, strategies = args.dtypes.split(","), args.strategies.split(",")
     targets = {d: load(args.target, dtype=d, progress=True) for d in dtypes}
-    draft_dtypes = {d: args.draft_dtype.split(",") if args.draft_dtype != "auto" else
-                    [default_draft_dtype(d, "cpu")] for d in dtypes}
+    vocabs = [int(v) for v in args.draft_vocab.split(",")]
+    draft_dtypes = {d: [dd + (f"@{v}" if v else "") for dd in (args.draft_dtype.split(",") if args.draft_dtype != "auto"
+                                                                 else [default_draft_dtype(d, "cpu")]) for v in vocabs]
+                    for d in dtypes}
     drafts = {}
     if any(s != "ar" for s in strategies):
-        drafts = {dd: load(args.draft, dtype=dd, progress=True) for dds in draft_dtypes.values() for dd in dds}
-        if args.draft_vocab:
-            from verispec.models.quant import truncate_head
+        from verispec.models.quant import truncate_head
 
-            for d in drafts.values():
-                truncate_head(d.model, args.draft_vocab)
+        for key in {dd for dds in draft_dtypes.values() for dd in dds}:
+            dd, _, vocab = key.partition("@")
+            drafts[key] = load(args.draft, dtype=dd, progress=True)
+            if vocab:
+                truncate_head(drafts[key].model, int(vocab))
     tok = next(iter(targets.values())).tokenizer
     prompts = [tok.chat(list(p.messages)) for p in load_prompts("suite", categories=args.categories.split(","),
                                                                    limit=args.limit)]
@@ -85,7 +90,7 @@ def main() -> int:
                   f"{m.decode_tokens_per_s:.2f} tok/s, {m.profile()}", file=sys.stderr)
 
     print(f"\nGreedy, {len(prompts)} code prompts x {args.max_new_tokens} new tokens, draft vocab "
-          f"{args.draft_vocab or 'all'}, "
+          f"{args.draft_vocab if args.draft_vocab != '0' else 'all'}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads. ms per round (mean over prompts).\n")
     print("| target | draft | strategy | decode tok/s | speedup vs own ar (geomean) | mean acc. len | draft ms "
           "| target ms | verify ms | other ms | other share |")

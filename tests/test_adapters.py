@@ -177,19 +177,25 @@ def test_w8a8_without_row_normalisation_would_depend_on_the_batch():
 
 
 # ---- a draft that proposes only the first ids (--draft-vocab) --------------------------------------------------
-@pytest.mark.parametrize("kind", ["float", "int8", "w8a8"])
-def test_truncated_head_keeps_the_first_rows_of_the_logits(kind):
-    from verispec.models.quant import truncate_head
+@pytest.mark.parametrize("kind,vocab,keep", [("float", 32, 20), ("int8", 32, 20), ("w8a8", 32, 20), ("w4a8-4bit", 96, 40),
+                                             ("w4a8-4bit", 96, 48)])
+def test_truncated_head_keeps_the_first_rows_of_the_logits(kind, vocab, keep):
+    """The head computes only the rows it keeps (w4a8: whole blocks of 16, the last one partly used)."""
+    from verispec.models.quant import W4A8Linear, truncate_head
 
-    model = LlamaModel.random(tiny_config(vocab_size=32), seed=0, std=0.3)
+    if kind.startswith("w4a8") and not kernels.available_isas():
+        pytest.skip("the w4a8 kernel needs an x86 CPU with AVX2 (or AVX-512 VNNI)")
+    model = LlamaModel.random(tiny_config(vocab_size=vocab), seed=0, std=0.3)
     if kind != "float":
         model = quantize(model.to(torch.bfloat16) if kind == "int8" else model, kind)
     x = torch.tensor([[3, 1, 4, 1, 5]])
     full = model.forward(x, model.new_cache(8))[0]
-    truncate_head(model, 20)
+    truncate_head(model, keep)
     cut = model.forward(x, model.new_cache(8))[0]
-    assert cut.shape[-1] == 20
-    torch.testing.assert_close(cut, full[:, :20])
+    assert cut.shape[-1] == keep
+    torch.testing.assert_close(cut, full[:, :keep], rtol=0, atol=0)
+    if isinstance(model.lm_head, W4A8Linear):
+        assert model.lm_head.weight.shape[0] == -(-keep // 16)  # the dropped blocks are not read
 
 
 def test_truncated_draft_is_still_lossless(tiny_target, tiny_draft):

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.tiny_hf import make_tiny_hf_dir
 from verispec.cli import main
@@ -337,8 +338,39 @@ def test_serve_accepts_every_strategy(monkeypatch, capsys, strategy):
     assert code == 2 and "stop here" in err and seen["strategy"] == strategy
 
 
+def test_draft_vocab_default_shrinks_the_draft_head_and_stays_exact(pair, capsys, monkeypatch):
+    """With no --draft-vocab the machine's default (here patched to 16 of the tiny vocabulary's ids) cuts the
+    draft's head, the defaults' line says so, and greedy output still equals plain decoding; 0 keeps it whole."""
+    import verispec.cli.options as options
+    import verispec.models.quant as quant
+
+    cuts: list[tuple[int, int]] = []
+    real = quant.truncate_head
+
+    def spy(model, keep):
+        out = real(model, keep)
+        cuts.append((keep, model.lm_head(torch.zeros(1, model.lm_head.in_features)).shape[-1]))
+        return out
+
+    monkeypatch.setattr(quant, "truncate_head", spy)
+    monkeypatch.setattr(options, "default_draft_vocab", lambda dtype, device: 16)
+    target, draft = pair
+    base = ["generate", "def x ( a ) :", "--target", str(target), "--draft", str(draft), "--max-new-tokens", "30",
+            "--json"]
+    code, out, err = run_inline(capsys, *base, "--strategy", "draft", "--gamma", "3")
+    assert code == 0, err
+    assert cuts == [(16, 16)] and "ids < 16" in err
+    code, plain, err = run_inline(capsys, *base, "--strategy", "ar")
+    assert code == 0, err
+    assert json.loads(out)["token_ids"] == json.loads(plain)["token_ids"]
+    code, _, err = run_inline(capsys, *base, "--strategy", "draft", "--draft-vocab", "0")
+    assert code == 0 and cuts == [(16, 16)], err
+    code, _, err = run_inline(capsys, *base, "--strategy", "draft", "--draft-vocab", "-1")
+    assert code == 2 and "--draft-vocab must be >= 0" in err
+
+
 def test_defaults_module():
-    from verispec.defaults import DEFAULT_STRATEGY, default_draft_dtype, default_gamma
+    from verispec.defaults import DEFAULT_STRATEGY, default_draft_dtype, default_draft_vocab, default_gamma
     from verispec.strategies import STRATEGIES
 
     assert DEFAULT_STRATEGY in STRATEGIES
@@ -347,6 +379,8 @@ def test_defaults_module():
     assert default_draft_dtype("bfloat16", "cpu") == "int4" and default_draft_dtype("w8a8", "cpu") == "int4"
     assert default_draft_dtype("w4a8", "cpu") == "w4a8-4bit" and default_draft_dtype("float32", "cpu") == "float32"
     assert default_draft_dtype("bfloat16", "cuda") == "bfloat16"
+    assert default_draft_vocab("w4a8-4bit", "cpu") == 65536
+    assert default_draft_vocab("int4", "cpu") is None and default_draft_vocab("w4a8-4bit", "cuda") is None
 
 
 def test_vllm_names_for_the_draft_and_gamma(pair, capsys):

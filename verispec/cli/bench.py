@@ -17,8 +17,8 @@ import torch
 from verispec.bench.runner import LLAMA_CPP_HINT, Config, HFBackend, LlamaCppBackend, Run, VerispecBackend, run_bench
 from verispec.cli.common import comma_list, fail, finite
 from verispec.cli.options import (
-    add_config_option, add_model_options, add_strategy_options, draft_dtype_of, load_models, resolve_dtype,
-    strategy_options,
+    add_config_option, add_model_options, add_strategy_options, draft_dtype_of, draft_vocab_of, load_models,
+    resolve_dtype, strategy_options,
 )
 
 PEERS = ("hf", "llama.cpp")
@@ -230,7 +230,8 @@ def run(args: argparse.Namespace) -> int:
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": "verispec " + " ".join(sys.argv[1:]) if sys.argv and "verispec" in sys.argv[0] else "verispec bench",
         "target": f"{args.target} ({args.dtype})",
-        "draft": None if draft is None else f"{args.draft} ({draft_dtype_of(args)})",
+        "draft": None if draft is None else f"{args.draft} ({draft_dtype_of(args)}"
+                 + (f", ids < {draft_vocab_of(args)})" if draft_vocab_of(args) else ")"),
         "device": args.device,
         "prompts": f"{args.prompts}: {len(prompts)} prompts in {len({p.category for p in prompts})} categories",
         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,

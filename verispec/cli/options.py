@@ -11,13 +11,15 @@ import argparse
 import sys
 
 from verispec.cli.common import fail, finite
-from verispec.defaults import DEFAULT_DEVICE, DEFAULT_DTYPE, default_draft_dtype, default_dtype, default_gamma, describe
+from verispec.defaults import (DEFAULT_DEVICE, DEFAULT_DTYPE, default_draft_dtype, default_draft_vocab, default_dtype,
+                               default_gamma, describe)
 from verispec.strategies import STRATEGIES, StrategyOptions, check_options, get
 
 __all__ = [
     "DTYPE_CHOICES", "STRATEGY_FLAGS", "add_config_option", "add_gamma_argument", "add_model_options",
     "add_strategy_argument",
-    "add_strategy_options", "announce_defaults", "draft_dtype_of", "gamma_of", "load_models", "resolve_dtype",
+    "add_strategy_options", "announce_defaults", "draft_dtype_of", "draft_vocab_of", "gamma_of", "load_models",
+    "resolve_dtype",
     "strategy_help", "strategy_options",
 ]
 
@@ -89,8 +91,8 @@ def announce_defaults(args: argparse.Namespace, strategy: str, needs_draft: bool
         isa = kernel_isa() if args.dtype.startswith("w4a8") else None
     except KernelError:
         isa = None
-    print(describe(args.dtype, draft_dtype_of(args) if needs_draft else None, strategy, gamma_of(args), isa),
-          file=sys.stderr)
+    print(describe(args.dtype, draft_dtype_of(args) if needs_draft else None, strategy, gamma_of(args), isa,
+                   draft_vocab_of(args) if needs_draft else None), file=sys.stderr)
 
 
 def gamma_of(args: argparse.Namespace) -> int:
@@ -122,7 +124,8 @@ def add_model_options(p: argparse.ArgumentParser, default_target: str, default_d
                             "the target's)")
         p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                        help="the draft proposes only ids < N (its LM head shrinks; ids are roughly in frequency "
-                            "order); lossless, faster drafting (default: the whole vocabulary)")
+                            "order); lossless, faster drafting; 0: the whole vocabulary (default: 65536 for a "
+                            "w4a8 draft on a CPU, else the whole vocabulary)")
     if device:
         p.add_argument("--device", default=DEFAULT_DEVICE, help="cpu, cuda or cuda:N (default: %(default)s)")
 
@@ -230,6 +233,7 @@ def draft_dtype_of(args: argparse.Namespace) -> str:
 def load_models(args: argparse.Namespace, strategies: list[str], progress: bool):
     """Load the target, and the draft if any strategy needs one; check they form a pair."""
     from verispec.models.errors import ModelError
+    from verispec.models.llama import LlamaModel
     from verispec.models.load import check_pair, load
 
     try:
@@ -238,8 +242,8 @@ def load_models(args: argparse.Namespace, strategies: list[str], progress: bool)
         fail(str(e))
     if not (args.device == "cpu" or args.device.startswith("cuda")):
         fail(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
-    if args.draft_vocab is not None and args.draft_vocab < 1:
-        fail(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
+    if args.draft_vocab is not None and args.draft_vocab < 0:
+        fail(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {args.draft_vocab}")
     target = load(args.target, dtype=args.dtype, device=args.device, progress=progress)
     draft = None
     if need_draft:
@@ -250,11 +254,19 @@ def load_models(args: argparse.Namespace, strategies: list[str], progress: bool)
                 check_pair(target, draft)
             except ModelError as e:
                 fail(f"{e} (--strategy cross drafts with a model of another tokenizer)")
-        if args.draft_vocab is not None:
+        vocab = draft_vocab_of(args)
+        if vocab and (args.draft_vocab or isinstance(draft.model, LlamaModel)):  # a default skips an adapter's draft
             from verispec.models.quant import truncate_head
 
             try:
-                truncate_head(draft.model, args.draft_vocab)
+                truncate_head(draft.model, vocab)
             except ValueError as e:
                 fail(str(e))
     return target, draft
+
+
+def draft_vocab_of(args: argparse.Namespace) -> int | None:
+    """--draft-vocab (0: None, the whole vocabulary), else the default beside this draft precision and device."""
+    if args.draft_vocab is not None:
+        return args.draft_vocab or None
+    return default_draft_vocab(draft_dtype_of(args), args.device)

@@ -355,7 +355,14 @@ def truncate_head(model: nn.Module, keep: int) -> nn.Module:
     if not 0 < keep < head.out_features:
         return model
     if isinstance(head, Int4Linear):  # its packed layout is tiled across rows
-        raise ValueError("a truncated LM head needs a bfloat16, float32, int8 or w8a8 draft, not int4")
+        raise ValueError("a truncated LM head needs a bfloat16, float32, int8, w8a8 or w4a8 draft, not int4")
+    if isinstance(head, W4A8Linear):  # 16 rows a block: keep whole blocks, and the rows past `keep` go unused
+        blocks = -(-keep // 16)
+        head.weight, head.scales, head.offsets = (t[:blocks] for t in (head.weight, head.scales, head.offsets))
+        if head.bias is not None:
+            head.bias = head.bias[: 16 * blocks]
+        head.out_features, head._padded = keep, (head._padded[0], 16 * blocks)
+        return model
     if isinstance(head, nn.Linear):
         new = type(head)(head.in_features, keep, bias=head.bias is not None, device=head.weight.device,
                         dtype=head.weight.dtype)
