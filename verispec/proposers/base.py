@@ -20,6 +20,7 @@ implement the smaller `SequenceProposer` instead; `PerRow` serves them behind `P
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,6 +75,15 @@ class Outcome:
 class ProposerStats:
     forwards: int = 0  # draft model (or draft layer) forwards
     seconds: float = 0.0  # time spent drafting
+
+
+def charge(stats: dict[int, ProposerStats], rows: list[int], since: float) -> None:
+    """One batched draft forward for `rows`, begun at perf_counter() == since: each row gets the forward and an
+    equal share of the seconds (c, and the drafting time per request, are per row)."""
+    share = (time.perf_counter() - since) / len(rows)
+    for r in rows:
+        stats[r].forwards += 1
+        stats[r].seconds += share
 
 
 class Proposer(Protocol):

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from verispec.batch import Rows, make_rows
 from verispec.models.eagle import EagleDrafter
-from verispec.proposers.base import Outcome, Proposal, ProposerStats
+from verispec.proposers.base import Outcome, Proposal, ProposerStats, charge
 from verispec.proposers.draft_model import draft_steps, to_vocab
 from verispec.proposers.tree import depth_tree, path_to
 from verispec.sampling import SamplingParams, Shaper
@@ -180,10 +180,7 @@ class EagleProposer:
     def _forward(self, rows: list[int], chains: list[list[int]], trees, features: list[Tensor]):
         t0 = time.perf_counter()
         logits, states = self.cache.forward(rows, chains, trees=trees, features=features, hidden=True)
-        share = (time.perf_counter() - t0) / len(rows)
-        for r in rows:
-            self._stats[r].forwards += 1
-            self._stats[r].seconds += share
+        charge(self._stats, rows, t0)
         return logits, states
 
     def observe(self, row: int, outcome: Outcome) -> None:

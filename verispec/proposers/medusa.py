@@ -22,7 +22,7 @@ from torch import Tensor
 
 from verispec.batch import Rows
 from verispec.models.medusa import MedusaHeads
-from verispec.proposers.base import Outcome, Proposal, ProposerStats
+from verispec.proposers.base import Outcome, Proposal, ProposerStats, charge
 from verispec.proposers.draft_model import probs_on_vocab, to_vocab
 from verispec.proposers.tree import draw_children, path_to
 from verispec.sampling import SamplingParams, Shaper, argmax, logits_to_probs, sample
@@ -127,10 +127,7 @@ class MedusaProposer:
             else:
                 q = probs_on_vocab(last, sampling[i], self.vocab_size)
                 out[i] = Proposal(tokens=sample(q, generators[i]), q=q)
-        share = (time.perf_counter() - t0) / len(live)
-        for i in live:
-            self._stats[rows[i]].forwards += 1
-            self._stats[rows[i]].seconds += share
+        charge(self._stats, [rows[i] for i in live], t0)
         return out
 
     def _shaped_chain(self, logits: Tensor, sampling: SamplingParams, generator: torch.Generator,

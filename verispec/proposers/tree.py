@@ -22,7 +22,7 @@ from torch import Tensor
 
 from verispec.batch import Rows, Tree, make_rows, prefill
 from verispec.models.base import CausalLM
-from verispec.proposers.base import Outcome, Proposal, ProposerStats
+from verispec.proposers.base import Outcome, Proposal, ProposerStats, charge
 from verispec.proposers.draft_model import probs_on_vocab, to_vocab
 from verispec.sampling import SamplingParams, Shaper
 from verispec.theory import TreeShape, VerifyCost, flat_cost, plan_tree
@@ -223,10 +223,7 @@ class TreeDraftProposer:
     def _forward(self, rows: list[int], chains: list[list[int]], trees: list[Tree] | None) -> list[Tensor]:
         t0 = time.perf_counter()
         logits = self.cache.forward(rows, chains, last_only=trees is None, trees=trees)
-        share = (time.perf_counter() - t0) / len(rows)
-        for r in rows:
-            self._stats[r].forwards += 1
-            self._stats[r].seconds += share
+        charge(self._stats, rows, t0)
         return logits
 
     def observe(self, row: int, outcome: Outcome) -> None:
