@@ -38,7 +38,10 @@ def main() -> int:
     ap.add_argument("--draft-vocab", default="0",
                     help="keep the draft's first N LM-head rows (0: all); a comma list runs each drafting strategy "
                          "with each, side by side (its draft column then reads precision@N)")
-    ap.add_argument("--strategies", default="ar,draft,adaptive")
+    ap.add_argument("--strategies", default="ar,draft,adaptive",
+                    help="comma list; NAME/N runs NAME with --draft-context N (the draft reads the prompt's first 4 "
+                         "and last N tokens; N = 0: all of it)")
+    ap.add_argument("--prompts", default="suite", help="suite, or a JSONL file of prompts (verispec bench's format)")
     ap.add_argument("--gamma", type=int, default=4, help="gamma of draft; adaptive gets twice this as its cap")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--ngram-min", type=int, default=None, help="draft+ngram: shortest suffix match that uses the n-gram proposal (default: the strategy's)")
@@ -63,7 +66,8 @@ def main() -> int:
             if vocab:
                 truncate_head(drafts[key].model, int(vocab))
     tok = next(iter(targets.values())).tokenizer
-    prompts = [tok.chat(list(p.messages)) for p in load_prompts("suite", categories=args.categories.split(","),
+    categories = args.categories.split(",") if args.prompts == "suite" else None
+    prompts = [tok.chat(list(p.messages)) for p in load_prompts(args.prompts, categories=categories,
                                                                    limit=args.limit)]
     # (target precision, draft precision or None, strategy)
     configs = [(d, None if s == "ar" else dd, s) for d in dtypes for s in strategies
@@ -73,8 +77,10 @@ def main() -> int:
     def run(dtype: str, ddtype: str | None, strategy: str, prompt: list[int], max_new: int):
         target = targets[dtype]
         gamma = 2 * args.gamma if strategy == "adaptive" else args.gamma
-        proposer = make_proposer(strategy, target, drafts.get(ddtype), len(prompt) + max_new + gamma + 2,
-                                 StrategyOptions(ngram_min=args.ngram_min))
+        name, _, context = strategy.partition("/")
+        proposer = make_proposer(name, target, drafts.get(ddtype), len(prompt) + max_new + gamma + 2,
+                                 StrategyOptions(ngram_min=args.ngram_min,
+                                                 draft_context=int(context) if context else None))
         params = GenerationParams(max_new_tokens=max_new, gamma=gamma, eos_ids=tuple(tok.eos_ids))
         return generate(target.model, prompt, params, proposer).metrics
 
@@ -89,25 +95,27 @@ def main() -> int:
             print(f"[{time.perf_counter() - t0:6.0f}s] prompt {i + 1}/{len(prompts)} {c[0]} {c[1] or ''} {c[2]}: "
                   f"{m.decode_tokens_per_s:.2f} tok/s, {m.profile()}", file=sys.stderr)
 
-    print(f"\nGreedy, {len(prompts)} code prompts x {args.max_new_tokens} new tokens, draft vocab "
+    print(f"\nGreedy, {len(prompts)} prompts x {args.max_new_tokens} new tokens, draft vocab "
           f"{args.draft_vocab if args.draft_vocab != '0' else 'all'}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads. ms per round (mean over prompts).\n")
-    print("| target | draft | strategy | decode tok/s | speedup vs own ar (geomean) | mean acc. len | draft ms "
-          "| target ms | verify ms | other ms | other share |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| target | draft | strategy | decode tok/s | speedup vs own ar (geomean) | whole-request tok/s "
+          "| whole-request vs own ar | mean acc. len | draft ms | target ms | verify ms | other ms | other share |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for d, dd, s in configs:
         ms = rows[(d, dd, s)]
         base = rows.get((d, None, "ar"))
-        speed = "–"
+        speed = whole = "–"
         if base:
             ratios = [m.decode_tokens_per_s / b.decode_tokens_per_s for m, b in zip(ms, base)]
             speed = f"{statistics.geometric_mean(ratios):.2f}×"
+            whole = f"{statistics.geometric_mean([m.tokens_per_s / b.tokens_per_s for m, b in zip(ms, base)]):.2f}×"
         prof = {k: statistics.mean(m.profile()[k] for m in ms) for k in ("draft_ms", "target_ms", "verify_ms", "other_ms")}
         total = sum(prof.values())
         tps = statistics.mean(m.decode_tokens_per_s for m in ms)
         mal = statistics.mean(m.mean_accepted_length for m in ms)
         label = s + (f" γ≤{2 * args.gamma}" if s == "adaptive" else f" γ={args.gamma}" if s != "ar" else "")
-        print(f"| {d} | {dd or '–'} | {label} | {tps:.2f} | {speed} | {mal:.2f} | {prof['draft_ms']:.1f} | {prof['target_ms']:.1f} "
+        print(f"| {d} | {dd or '–'} | {label} | {tps:.2f} | {speed} | "
+              f"{statistics.mean(m.tokens_per_s for m in ms):.2f} | {whole} | {mal:.2f} | {prof['draft_ms']:.1f} | {prof['target_ms']:.1f} "
               f"| {prof['verify_ms']:.2f} | {prof['other_ms']:.2f} | {100 * prof['other_ms'] / total:.1f}% |")
     return 0
 

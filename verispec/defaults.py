@@ -7,8 +7,8 @@ that every entry point answers the same question the same way. Each default name
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_STRATEGY", "DEFAULT_DTYPE", "DEFAULT_DEVICE", "default_dtype", "default_gamma",
-           "default_draft_dtype", "default_draft_vocab", "default_verify_cost", "describe"]
+__all__ = ["DEFAULT_STRATEGY", "DEFAULT_DRAFT_CONTEXT", "DEFAULT_DTYPE", "DEFAULT_DEVICE", "default_dtype",
+           "default_gamma", "default_draft_dtype", "default_draft_vocab", "default_verify_cost", "describe"]
 
 # Prompt lookup where the last 3 tokens recur, else the draft model with its length chosen per round, down to 0
 # (a plain step) where drafting does not pay. draft+ngram at a fixed gamma was +24-28% decode tok/s over `draft`
@@ -17,6 +17,8 @@ __all__ = ["DEFAULT_STRATEGY", "DEFAULT_DTYPE", "DEFAULT_DEVICE", "default_dtype
 # llamacpp); `auto` is 1.53x our plain decoding against draft+ngram's 1.33x over translation, summarization, math
 # and code (benchmarks/profile_round.py, 2026-11-24-epyc-avx512-auto-strategy).
 DEFAULT_STRATEGY = "auto"
+# The draft model reads all of a prompt (None), or its first 4 tokens and its last N: see draft_model.draft_context.
+DEFAULT_DRAFT_CONTEXT: int | None = None
 DEFAULT_DTYPE = "bfloat16"  # the target as the GGUF defines it (dequantized): the faithful one, and the fallback
 DEFAULT_DEVICE = "cpu"
 

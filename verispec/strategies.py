@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.defaults import default_verify_cost
+from verispec.defaults import DEFAULT_DRAFT_CONTEXT, default_verify_cost
 from verispec.models.base import CausalLM, weight_bytes_per_token
 from verispec.models.kernels import kernel_isa
 from verispec.models.hf import HFCausalLM
@@ -46,6 +46,9 @@ class StrategyOptions:
     lookahead_ngram: int = 3  # N: n-gram size (window levels + 1)
     lookahead_candidates: int = 5  # G: pool continuations kept per first token
     draft_confidence: float | None = None  # stop drafting below this draft probability; None: the strategy's default
+    # the draft model reads a prompt's first tokens and its last draft_context (proposers.draft_model.draft_context);
+    # None: the default (verispec.defaults), 0: the whole prompt
+    draft_context: int | None = None
     drafter: tuple[str, ...] = ()  # drafter directories (`verispec train-drafter`): eagle and medusa use their kind's
     # medusa: children per node at each depth (a token tree); () a chain; "auto": planned every round
     medusa_tree: tuple[int, ...] | str = ()
@@ -77,8 +80,9 @@ def _draft(target: LoadedModel, draft: LoadedModel | None, size: Size, options: 
     assert draft is not None
     if options.draft_confidence is not None:
         confidence = options.draft_confidence
+    context = DEFAULT_DRAFT_CONTEXT if options.draft_context is None else options.draft_context
     return DraftModelProposer(draft.model, size.max_len, vocab_size=target.model.vocab_size, confidence=confidence,
-                              rows=size.rows, max_gamma=size.max_gamma)
+                              rows=size.rows, max_gamma=size.max_gamma, context=context or None)
 
 
 def _adaptive(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:

@@ -11,8 +11,8 @@ import argparse
 import sys
 
 from verispec.cli.common import fail, finite
-from verispec.defaults import (DEFAULT_DEVICE, DEFAULT_DTYPE, default_draft_dtype, default_draft_vocab, default_dtype,
-                               default_gamma, describe)
+from verispec.defaults import (DEFAULT_DEVICE, DEFAULT_DRAFT_CONTEXT, DEFAULT_DTYPE, default_draft_dtype,
+                               default_draft_vocab, default_dtype, default_gamma, describe)
 from verispec.strategies import STRATEGIES, StrategyOptions, check_options, get
 
 __all__ = [
@@ -31,6 +31,7 @@ STRATEGY_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "--ngram-min": ("ngram_min", ("ngram", "draft+ngram", "auto")),
     "--layers": ("layerskip_layers", ("layerskip",)),
     "--draft-confidence": ("draft_confidence", ("draft", "adaptive", "draft+ngram", "auto")),
+    "--draft-context": ("draft_context", ("draft", "adaptive", "draft+ngram", "auto")),
     "--window": ("lookahead_window", ("lookahead",)),
     "--lookahead-ngram": ("lookahead_ngram", ("lookahead",)),
     "--lookahead-candidates": ("lookahead_candidates", ("lookahead",)),
@@ -151,6 +152,10 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-confidence", type=finite, default=None,
                    help="draft, adaptive, draft+ngram, auto: stop drafting after a token the draft gave less than this "
                         "probability (default: 0, 0.3 for adaptive)")
+    p.add_argument("--draft-context", type=int, default=None, metavar="N",
+                   help="draft, adaptive, draft+ngram, auto: the draft model reads only the first 4 and the last N "
+                        "tokens of a longer prompt, which bounds its own prefill; lossless; 0: the whole prompt "
+                        f"(default: {DEFAULT_DRAFT_CONTEXT or 0})")
     p.add_argument("--window", type=int, default=None,
                    help=f"lookahead: Jacobi window width W (default: {d.lookahead_window})")
     p.add_argument("--lookahead-ngram", type=int, default=None,
@@ -220,6 +225,8 @@ def strategy_options(args: argparse.Namespace, strategies: list[str]) -> Strateg
             check_options(name, options)
         except ValueError as e:
             fail(str(e))
+    if options.draft_context is not None and options.draft_context < 0:
+        fail(f"--draft-context must be >= 0 (0: the whole prompt), got {options.draft_context}")
     if options.draft_confidence is not None and not 0 <= options.draft_confidence <= 1:
         fail(f"--draft-confidence must be in [0, 1], got {options.draft_confidence}")
     return options

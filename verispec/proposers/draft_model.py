@@ -16,7 +16,7 @@ from torch import Tensor
 
 from verispec.batch import Rows, make_rows, prefill
 from verispec.models.base import CausalLM
-from verispec.proposers.base import Outcome, Proposal, ProposerStats
+from verispec.proposers.base import Outcome, Proposal, ProposerStats, charge
 from verispec.sampling import SamplingParams, Shaper, argmax, logits_to_probs, sample
 
 
@@ -37,6 +37,21 @@ def probs_on_vocab(logits: Tensor, sampling: SamplingParams, vocab_size: int) ->
         return logits_to_probs(to_vocab(logits, vocab_size), sampling)
     q = logits_to_probs(logits, sampling)
     return torch.nn.functional.pad(q, (0, vocab_size - logits.shape[-1]))
+
+
+SINKS = 4  # a windowed draft context keeps the prompt's first tokens: attention leans on them (StreamingLLM)
+
+
+def draft_context(tokens: list[int], window: int | None) -> list[int]:
+    """What a draft reads of a prompt: all of it, or (window set and the prompt longer) its first SINKS tokens and
+    its last `window`. The draft's guesses may get worse, never the output: verification uses the q it gave.
+
+    >>> draft_context(list(range(10)), 3), draft_context(list(range(7)), 3), draft_context([1, 2], None)
+    ([0, 1, 2, 3, 7, 8, 9], [0, 1, 2, 3, 4, 5, 6], [1, 2])
+    """
+    if window is None or len(tokens) <= SINKS + window:
+        return tokens
+    return tokens[:SINKS] + tokens[len(tokens) - window:]
 
 
 @dataclass
@@ -91,10 +106,7 @@ def draft_steps(model: Rows, rows: list[int], feeds: list[list[int]], gammas: li
                 feed[i] = [token]
                 if sure and len(tokens[i]) < gammas[i]:
                     still.append(i)
-            share = (time.perf_counter() - t0) / len(live)
-            for i in live:
-                stats[rows[i]].forwards += 1
-                stats[rows[i]].seconds += share
+            charge(stats, [rows[i] for i in live], t0)  # the step's sampling included
             live = still
     finally:
         fed = [model.length(r) - b for r, b in zip(rows, base)]
@@ -108,19 +120,23 @@ def draft_steps(model: Rows, rows: list[int], feeds: list[list[int]], gammas: li
 class DraftModelProposer:
     """A draft model with its own KV cache of `rows` rows, kept in step with each row's sequence.
 
-    Invariant between rounds, per row: the draft cache holds every token of the sequence except `pending` (one
-    token, or two after a round in which all drafts were accepted: the last draft, which was never fed to the
-    draft model, and the bonus token). The next round feeds `pending` in a single forward, so the draft
+    Invariant between rounds, per row: the draft cache holds every token of the sequence (of the prompt, those
+    draft_context keeps) except `pending` (one token, or two after a round in which all drafts were accepted:
+    the last draft, which was never fed to the draft model, and the bonus token). The next round feeds `pending` in a single forward, so the draft
     catches up without re-running the prefix.
     """
 
     def __init__(self, model: CausalLM, max_len: int, vocab_size: int | None = None, confidence: float = 0.0,
-                 *, rows: int = 1, max_gamma: int = 16) -> None:
+                 *, rows: int = 1, max_gamma: int = 16, context: int | None = None) -> None:
         """max_len: tokens of the longest sequence; confidence: stop drafting after a token the draft itself gave
-        less than this probability (0: always draft the gamma asked for), see draft_steps."""
+        less than this probability (0: always draft the gamma asked for), see draft_steps; context: the draft
+        reads only the first SINKS and the last `context` tokens of a longer prompt (None: all of it), which
+        bounds its prefill (draft_context)."""
         if not 0.0 <= confidence <= 1.0:
             raise ValueError(f"draft confidence must be in [0, 1], got {confidence}")
-        self.confidence = confidence
+        if context is not None and context < 1:
+            raise ValueError(f"the draft's context must be >= 1 prompt tokens, got {context}")
+        self.confidence, self.context = confidence, context
         self.model = model
         self.vocab_size = vocab_size or model.vocab_size  # the target's; embedding tables may be padded
         self.cache = make_rows(model, rows, max_len, slack=max_gamma + 2)
@@ -130,7 +146,7 @@ class DraftModelProposer:
         self._stats: dict[int, ProposerStats] = {}
 
     def reset(self, row: int, prompt: list[int], target: Rows | None = None, hidden: Tensor | None = None) -> None:
-        prefill(self.cache, row, prompt[:-1])
+        prefill(self.cache, row, draft_context(prompt[:-1], self.context))
         self.pending[row], self.fed[row] = prompt[-1:], 0
         self._stats[row] = ProposerStats()  # count drafting only, not the prefill
 

@@ -1,0 +1,59 @@
+"""A draft model that reads only the start and the tail of a long prompt (--draft-context): its prefill is
+bounded, its guesses may get worse, and the output stays the target's, greedy and sampled."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.test_losslessness import N, Verdict, chi_square_pvalue, exact_law, noise_floor, sample_engine, tv
+from verispec.engine import GenerationParams, generate
+from verispec.proposers.draft_model import SINKS, DraftModelProposer, draft_context
+from verispec.sampling import SamplingParams
+
+LONG = [4, 4, 1, 2, 5, 0, 3, 3, 1, 4, 2, 5]  # 12 tokens: with context 3 the draft reads 4 + 3 of its first 11
+
+
+def test_draft_context_keeps_the_sinks_and_the_tail():
+    assert draft_context(list(range(20)), 5) == [0, 1, 2, 3, 15, 16, 17, 18, 19]
+    assert draft_context(list(range(9)), 5) == list(range(9))  # no longer than sinks + window: all of it
+    assert draft_context(list(range(20)), None) == list(range(20))
+    with pytest.raises(ValueError, match="context"):
+        DraftModelProposer(torch.nn.Module(), 64, vocab_size=6, context=0)  # type: ignore[arg-type]
+
+
+def test_the_draft_reads_only_its_window(tiny_target, tiny_draft):
+    """After reset the draft's cache holds sinks + window tokens, and its first proposal is what a draft that
+    was given exactly those tokens proposes (so the window, not the whole prompt, is what it read)."""
+    windowed = DraftModelProposer(tiny_draft, 64, context=3)
+    windowed.reset(0, LONG)
+    assert windowed.cache.length(0) == SINKS + 3
+    short = DraftModelProposer(tiny_draft, 64)
+    short.reset(0, draft_context(LONG[:-1], 3) + LONG[-1:])
+    greedy, gen = [SamplingParams(temperature=0.0)], [torch.Generator().manual_seed(0)]
+    assert windowed.propose([0], [4], greedy, gen)[0].tokens.tolist() == short.propose([0], [4], greedy, gen)[0].tokens.tolist()
+    whole = DraftModelProposer(tiny_draft, 64)
+    whole.reset(0, LONG)
+    assert whole.cache.length(0) == len(LONG) - 1
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_greedy_output_equals_plain_decoding(tiny_target, tiny_draft, gamma):
+    params = GenerationParams(max_new_tokens=30, gamma=gamma)
+    for prompt in (LONG, LONG[:6], [3] + LONG):
+        plain = generate(tiny_target, prompt, params).token_ids
+        proposer = DraftModelProposer(tiny_draft, len(prompt) + 40, context=2)
+        out = generate(tiny_target, prompt, params, proposer)
+        assert out.token_ids == plain
+        assert out.metrics.drafted > 0
+
+
+def test_sampled_law_is_the_targets(tiny_target, tiny_draft):
+    sampling = SamplingParams(temperature=1.0)
+    law = exact_law(tiny_target, sampling, prompt=LONG)
+    run = sample_engine(tiny_target, tiny_draft, sampling, 3, 71_000_000, prompt=LONG,
+                        make_proposer=lambda max_len: DraftModelProposer(tiny_draft, max_len, context=2))
+    verdict = Verdict(tv(run.counts, law), noise_floor(law, N, seed=12345), chi_square_pvalue(run.counts, law),
+                      run.alpha)
+    print(f"\n[draft context 2 of {len(LONG) - 1}] {verdict}")
+    assert verdict.alpha is not None and 0.05 < verdict.alpha < 0.95 and verdict.passes, verdict
