@@ -76,10 +76,17 @@ def test_tune_writes_a_config_that_the_commands_read(pair, capsys, tmp_path):  #
     assert code == 0 and json.loads(stdout)["strategy"] == "ar", err
 
 
-def test_tune_measures_precisions(pair, capsys, tmp_path):  # noqa: F811
+def test_tune_measures_precisions(pair, capsys, tmp_path, monkeypatch):  # noqa: F811
     """Two target precisions and two draft precisions: plain decoding on each target precision, the draft on each
     pair; the config names the precisions of the fastest measured, and the speedups are over plain decoding on
-    the same target precision."""
+    the same target precision. Each precision is loaded once."""
+    import verispec.cli.tune as tune_cli
+
+    loaded: list[str] = []
+    for name in ("load_target", "load_draft"):
+        real = getattr(tune_cli, name)
+        monkeypatch.setattr(tune_cli, name,
+                            lambda *a, _real=real, _name=name, **k: loaded.append(_name) or _real(*a, **k))
     target, draft = pair
     out = tmp_path / "tuned.json"
     code, stdout, err = run_inline(capsys, "tune", "--target", str(target), "--draft", str(draft),
@@ -94,6 +101,7 @@ def test_tune_measures_precisions(pair, capsys, tmp_path):  # noqa: F811
     fastest = max(data["measured"], key=lambda m: m["tokens_per_s"])
     assert (data["dtype"], data["draft_dtype"]) == (fastest["dtype"], fastest["draft_dtype"])
     assert "| precision |" in stdout and "float32 + bfloat16 draft" in stdout
+    assert sorted(loaded) == ["load_draft"] * 2 + ["load_target"] * 2
     code, _, err = run_inline(capsys, "tune", "--target", str(target), "--dtypes", "float32,fp7", "--out",
                               str(out))
     assert code == 2 and "'fp7' is not a precision" in err

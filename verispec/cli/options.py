@@ -18,8 +18,8 @@ from verispec.strategies import STRATEGIES, StrategyOptions, check_options, get
 __all__ = [
     "DTYPE_CHOICES", "STRATEGY_FLAGS", "add_config_option", "add_gamma_argument", "add_model_options",
     "add_strategy_argument",
-    "add_strategy_options", "announce_defaults", "draft_dtype_of", "draft_vocab_of", "gamma_of", "load_models",
-    "resolve_dtype",
+    "add_strategy_options", "announce_defaults", "draft_dtype_of", "draft_vocab_of", "gamma_of", "load_draft",
+    "load_models", "load_target", "resolve_dtype",
     "strategy_help", "strategy_options",
 ]
 
@@ -239,37 +239,48 @@ def draft_dtype_of(args: argparse.Namespace) -> str:
 
 def load_models(args: argparse.Namespace, strategies: list[str], progress: bool):
     """Load the target, and the draft if any strategy needs one; check they form a pair."""
-    from verispec.models.errors import ModelError
-    from verispec.models.llama import LlamaModel
-    from verispec.models.load import check_pair, load
-
     try:
         need_draft = any(get(s).needs_draft for s in strategies)
     except ValueError as e:
         fail(str(e))
+    target = load_target(args, progress)
+    return target, load_draft(args, target, strategies, progress) if need_draft else None
+
+
+def load_target(args: argparse.Namespace, progress: bool):
+    """The target of --target, --dtype and --device."""
+    from verispec.models.load import load
+
     if not (args.device == "cpu" or args.device.startswith("cuda")):
         fail(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     if args.draft_vocab is not None and args.draft_vocab < 0:
         fail(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {args.draft_vocab}")
-    target = load(args.target, dtype=args.dtype, device=args.device, progress=progress)
-    draft = None
-    if need_draft:
-        draft = load(args.draft, dtype=draft_dtype_of(args), device=args.device, progress=progress,
-                     tokenizer_like=target.tokenizer)
-        if not all(get(s).own_tokenizer for s in strategies if get(s).needs_draft):
-            try:
-                check_pair(target, draft)
-            except ModelError as e:
-                fail(f"{e} (--strategy cross drafts with a model of another tokenizer)")
-        vocab = draft_vocab_of(args)
-        if vocab and (args.draft_vocab or isinstance(draft.model, LlamaModel)):  # a default skips an adapter's draft
-            from verispec.models.quant import truncate_head
+    return load(args.target, dtype=args.dtype, device=args.device, progress=progress)
 
-            try:
-                truncate_head(draft.model, vocab)
-            except ValueError as e:
-                fail(str(e))
-    return target, draft
+
+def load_draft(args: argparse.Namespace, target, strategies: list[str], progress: bool):
+    """The draft of --draft, --draft-dtype and --draft-vocab beside `target`, checked to share its vocabulary
+    unless every drafting strategy in `strategies` takes a tokenizer of its own."""
+    from verispec.models.errors import ModelError
+    from verispec.models.llama import LlamaModel
+    from verispec.models.load import check_pair, load
+
+    draft = load(args.draft, dtype=draft_dtype_of(args), device=args.device, progress=progress,
+                 tokenizer_like=target.tokenizer)
+    if not all(get(s).own_tokenizer for s in strategies if get(s).needs_draft):
+        try:
+            check_pair(target, draft)
+        except ModelError as e:
+            fail(f"{e} (--strategy cross drafts with a model of another tokenizer)")
+    vocab = draft_vocab_of(args)
+    if vocab and (args.draft_vocab or isinstance(draft.model, LlamaModel)):  # a default skips an adapter's draft
+        from verispec.models.quant import truncate_head
+
+        try:
+            truncate_head(draft.model, vocab)
+        except ValueError as e:
+            fail(str(e))
+    return draft
 
 
 def draft_vocab_of(args: argparse.Namespace) -> int | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from verispec.cli.common import comma_list, duration, fail, finite, int_list
 from verispec.cli.options import (
-    DTYPE_CHOICES, add_model_options, add_strategy_options, draft_dtype_of, load_models, resolve_dtype,
+    DTYPE_CHOICES, add_model_options, add_strategy_options, draft_dtype_of, load_draft, load_target, resolve_dtype,
     strategy_options,
 )
 
@@ -88,15 +88,12 @@ def run(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty()
     targets: dict[str, LoadedModel] = {}
     drafts_by: dict[str, LoadedModel] = {}
-    for d, dd in precisions:  # each precision loaded once (a target loaded again beside a new draft is dropped)
-        new_draft = dd is not None and dd not in drafts_by
-        if d in targets and not new_draft:
-            continue
+    for d, dd in precisions:  # each precision loaded once
         at = argparse.Namespace(**{**vars(args), "dtype": d, "draft_dtype": dd})
-        target, draft = load_models(at, ["ar", *needs] if new_draft else ["ar"], progress)
-        targets.setdefault(d, target)
-        if new_draft:
-            drafts_by[dd] = draft
+        if d not in targets:
+            targets[d] = load_target(at, progress)
+        if dd is not None and dd not in drafts_by:
+            drafts_by[dd] = load_draft(at, targets[d], needs, progress)
     tok = targets[dtypes[0]].tokenizer
     encoded = [tok.chat(list(p.messages)) if tok.has_chat_template else tok.encode(p.messages[-1]["content"])
                for p in prompts]
