@@ -280,15 +280,18 @@ class LlamaCppBackend:
             import llama_cpp.llama_cpp as lib
 
             draft = LlamaPromptLookupDecoding(num_pred_tokens=gamma) if gamma else None
-            # llama.cpp's AMX weight repacking ("extra buffer types") crashes in llama_decode on AMX CPUs (seen
-            # with llama-cpp-python 0.3.36 on a Xeon VM); its AVX-512 kernels run fine. Elsewhere the repacked
-            # layouts are its fastest, so only an AMX CPU gets them switched off. Llama() reads the default
-            # model params, so that one flag is switched off while it is built.
+            # llama.cpp's AMX weight repacking ("extra buffer types") crashes in llama_decode on AMX CPUs (a
+            # segmentation fault, seen with llama-cpp-python 0.3.36 on a Xeon VM); its AVX-512 kernels run fine.
+            # Elsewhere, and in a build without AMX (GGML_NATIVE=OFF with the AVX-512 flags), the repacked layouts
+            # are its fastest (on that Xeon a build without AMX decodes at 69 ms a token with them, 85 without),
+            # so only an AMX build on an AMX CPU gets them switched off. Llama() reads the default model params,
+            # so that one flag is switched off while it is built.
             defaults = lib.llama_model_default_params
+            amx = "amx_tile" in cpu_flags() and "AMX_INT8 = 1" in lib.llama_print_system_info().decode()
 
             def no_repack():
                 params = defaults()
-                params.use_extra_bufts = "amx_tile" not in cpu_flags()
+                params.use_extra_bufts = not amx
                 return params
 
             lib.llama_model_default_params = no_repack
