@@ -58,3 +58,27 @@ def test_sampled_law_is_the_targets(tiny_target, tiny_draft):
                       run.alpha)
     print(f"\n[draft context 2 of {len(LONG) - 1}] {verdict}")
     assert verdict.alpha is not None and 0.05 < verdict.alpha < 0.95 and verdict.passes, verdict
+
+
+def test_strategies_read_the_default_context_and_zero_reads_all(tiny_target, tiny_draft):
+    """Every draft-model strategy gets the default window (verispec.defaults); --draft-context 0 is the whole
+    prompt and N another window."""
+    from pathlib import Path
+
+    from verispec.defaults import DEFAULT_DRAFT_CONTEXT
+    from verispec.models.load import LoadedModel
+    from verispec.strategies import StrategyOptions, make_proposer
+
+    target, draft = LoadedModel(tiny_target, None, Path("/t"), "t"), LoadedModel(tiny_draft, None, Path("/d"), "d")
+
+    def context(name: str, options: StrategyOptions) -> int | None:
+        proposer = make_proposer(name, target, draft, 64, options)
+        while not isinstance(proposer, DraftModelProposer):  # adaptive and draft+ngram wrap the draft model's
+            proposer = proposer.draft
+        return proposer.context
+
+    assert DEFAULT_DRAFT_CONTEXT is not None
+    for name in ("draft", "adaptive", "draft+ngram", "auto"):
+        assert context(name, StrategyOptions()) == DEFAULT_DRAFT_CONTEXT
+        assert context(name, StrategyOptions(draft_context=0)) is None
+        assert context(name, StrategyOptions(draft_context=9)) == 9
