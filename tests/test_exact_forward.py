@@ -160,3 +160,17 @@ def test_small_batched_rounds_equal_lone_sequences_bit_for_bit(bf16_target):
         model.forward(torch.tensor([s[:-1]]), alone, last_n=1)
         alone.commit(len(s) - 1)
         assert torch.equal(got, model.forward(torch.tensor([s[-1:] + n]), alone)[0])
+
+
+@pytest.mark.parametrize("rows", [17, 48, 100])
+def test_a_wide_bf16_forward_gives_each_row_its_own_bits(rows):
+    """A batched round of several requests is a forward of many rows: each row gets the bits a 2-row call gives
+    it (on an Intel Xeon with AMX the GEMM rounds rows apart past 32 rows; models.llama.Linear then runs blocks)."""
+    gen = torch.Generator().manual_seed(rows)
+    layer = llama.Linear(1536, 2048, bias=True).to(torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.copy_(0.05 * torch.randn(2048, 1536, generator=gen))
+        x = torch.randn(1, rows, 1536, generator=gen).to(torch.bfloat16)
+        wide = layer(x)[0]
+        pairs = torch.cat([layer(x[0, i : i + 2])[:1] for i in range(rows)])
+    assert torch.equal(wide, pairs)

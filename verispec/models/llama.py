@@ -8,6 +8,7 @@ gate, scaled embeddings, sliding-window attention on its local layers with their
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -189,18 +190,50 @@ def make_norm(cfg: LlamaConfig, dim: int | None = None) -> RMSNorm:
 
 
 class Linear(nn.Linear):
-    """nn.Linear, except that a bfloat16 matmul of a single row on a CPU runs as two rows and keeps one.
+    """nn.Linear, except that a bfloat16 matmul of a single row on a CPU runs as two rows and keeps one, and one
+    of a few hundred rows runs in blocks where the CPU's GEMM rounds rows apart beyond some row count.
 
     There, one row goes down a GEMV path that rounds differently from the GEMM that every wider forward uses,
     and is slower (a 1-token step of the 1.5B target: 143 ms, against 112 ms for 2 tokens). The GEMM's rows do
-    not depend on how many rows it has, so a decoding step's linear layers now give a token the bits a
-    verification forward gives it, and run faster.
+    not depend on how many rows it has up to a point (on an Intel Xeon with AMX, 32 rows; wider calls take
+    another kernel), so a decoding step's linear layers give a token the bits a verification forward, or a
+    batched round of several requests, gives it. Forwards wider than EXACT_ROWS_MAX (prompt prefills, the same
+    call with and without speculation) run whole.
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.numel() == x.shape[-1]:
+        if x.dtype != torch.bfloat16 or x.device.type != "cpu":
+            return super().forward(x)
+        rows = x.numel() // x.shape[-1]
+        if rows == 1:
             return super().forward(torch.cat([x, x], dim=-2))[..., :1, :]
-        return super().forward(x)
+        block = bf16_rows_alike()
+        if block is None or rows <= block or rows > EXACT_ROWS_MAX:
+            return super().forward(x)
+        flat = x.reshape(rows, x.shape[-1])
+        parts = [super(Linear, self).forward(c if len(c) > 1 else torch.cat([c, c]))[: len(c)]
+                 for c in flat.split(block)]
+        return torch.cat(parts).reshape(*x.shape[:-1], self.out_features)
+
+
+EXACT_ROWS_MAX = 512  # Linear: wider bfloat16 forwards on a CPU are prompt prefills, run whole
+
+
+@functools.cache
+def bf16_rows_alike() -> int | None:
+    """The most rows this CPU's bfloat16 GEMM takes in one call giving each row the bits it gives that row in a
+    2-row call (None: every count up to 64 does), measured once on a random matrix of the 1.5B target's width."""
+    gen = torch.Generator().manual_seed(0)
+    w = (0.05 * torch.randn(1536, 1536, generator=gen)).to(torch.bfloat16)
+    x = torch.randn(64, 1536, generator=gen).to(torch.bfloat16)
+    alike = 2
+    with torch.no_grad():
+        pairs = torch.cat([F.linear(x[i : i + 2], w)[:1] for i in range(64)])
+        for m in (8, 16, 32, 48, 64):
+            if not torch.equal(F.linear(x[:m], w), pairs[:m]):
+                return alike
+            alike = m
+    return None
 
 
 # Forwards of up to this many tokens (verifications, not prefills) attend each query that sees a plain prefix
