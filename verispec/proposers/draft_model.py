@@ -122,8 +122,8 @@ class DraftModelProposer:
 
     Invariant between rounds, per row: the draft cache holds every token of the sequence (of the prompt, those
     draft_context keeps) except `pending` (one token, or two after a round in which all drafts were accepted:
-    the last draft, which was never fed to the draft model, and the bonus token). The next round feeds `pending` in a single forward, so the draft
-    catches up without re-running the prefix.
+    the last draft, which was never fed to the draft model, and the bonus token). The next round feeds `pending`
+    in a single forward, so the draft catches up without re-running the prefix.
     """
 
     def __init__(self, model: CausalLM, max_len: int, vocab_size: int | None = None, confidence: float = 0.0,
