@@ -226,12 +226,12 @@ def run(args: argparse.Namespace) -> int:
             backends["llama.cpp"] = LlamaCppBackend(gguf, tok.eos_ids, threads=torch.get_num_threads())
     configs = build_configs(strategies, gammas, temperatures, peers)
 
+    vocab = draft_vocab_of(args)
     meta: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": "verispec " + " ".join(sys.argv[1:]) if sys.argv and "verispec" in sys.argv[0] else "verispec bench",
         "target": f"{args.target} ({args.dtype})",
-        "draft": None if draft is None else f"{args.draft} ({draft_dtype_of(args)}"
-                 + (f", ids < {draft_vocab_of(args)})" if draft_vocab_of(args) else ")"),
+        "draft": None if draft is None else f"{args.draft} ({draft_dtype_of(args)}{f', ids < {vocab}' if vocab else ''})",
         "device": args.device,
         "prompts": f"{args.prompts}: {len(prompts)} prompts in {len({p.category for p in prompts})} categories",
         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,

@@ -253,7 +253,7 @@ def load_target(args: argparse.Namespace, progress: bool):
 
     if not (args.device == "cpu" or args.device.startswith("cuda")):
         fail(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
-    if args.draft_vocab is not None and args.draft_vocab < 0:
+    if args.draft_vocab is not None and args.draft_vocab < 0:  # refused before the target's long load
         fail(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {args.draft_vocab}")
     return load(args.target, dtype=args.dtype, device=args.device, progress=progress)
 
