@@ -104,6 +104,29 @@ def test_builds_agree_bit_for_bit(builds):
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
+@pytest.mark.parametrize("scale", [1.0, 300.0])  # 300: gates past e^x's clamps at -87 and 88
+def test_layer_builds_agree_bit_for_bit(builds, tiny_target, scale):
+    """layer.cpp's norms, rope and SiLU (vec.h's 16-float vectors: one AVX-512 register, or a pair of AVX2 ones)
+    give the same bits in both builds, tails included (the tiny model's widths are not multiples of 16)."""
+    import copy
+
+    from verispec.models.quant import quantize
+
+    if len(builds) < 2:
+        pytest.skip("one kernel build runs on this CPU")
+    model = quantize(copy.deepcopy(tiny_target).float(), "w4a8")
+    block, t = model.layers[0], 3
+    ops = block._operands()
+    x = scale * torch.randn(2 * t, model.cfg.hidden_size, generator=torch.Generator().manual_seed(4))
+    attn = torch.randn(2 * t, block.n_heads * block.hd, generator=torch.Generator().manual_seed(5))
+    cos, sin = (c[10 : 10 + t].reshape(1, t, -1).contiguous() for c in (model.cos, model.sin))
+    outs = [(mod.layer_pre(x, block.attn_norm.weight, block.attn_norm.eps, *ops[0], cos, sin, block.n_heads, block.n_kv, t),
+             mod.layer_post(x, attn, *ops[1], block.ffn_norm.weight, block.ffn_norm.eps, *ops[2], *ops[3]))
+            for mod in builds]
+    for pre, post in outs[1:]:
+        assert torch.equal(pre, outs[0][0]) and torch.equal(post, outs[0][1])
+
+
 def test_unseen_keys_and_a_query_that_sees_none(builds):
     """Keys a query does not see change nothing, whatever they hold; a query that sees no key gets zeros."""
     q, k, v = _qkv(1, 4, 2, 2, 10, 16, seed=4)

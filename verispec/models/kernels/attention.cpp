@@ -62,7 +62,7 @@ void attend(const float* const* qs, int64_t R, const float* kb, int64_t ks, cons
     f16v sum = {};
     for (int64_t j = 0; j < used; j += kLanes) {
       const f16v p = exp16(load(s + j) - m);  // the padding's -inf gives 0
-      std::memcpy(s + j, &p, sizeof p);
+      store(s + j, p);
       sum += p;
     }
     const float total = hsum(sum);
@@ -77,7 +77,7 @@ void attend(const float* const* qs, int64_t R, const float* kb, int64_t ks, cons
     }
     for (int64_t i = 0; i < nd; ++i) {
       const f16v out = acc[i] / total;
-      std::memcpy(o + i * kLanes, &out, sizeof(float) * (i + 1 < nd ? kLanes : tail));
+      store(o + i * kLanes, out, i + 1 < nd ? kLanes : tail);
     }
   }
 }
