@@ -14,9 +14,10 @@
 // One source, two builds (kernels/__init__.py picks one from the CPU's flags):
 // - AVX-512 VNNI (-mavx512vnni): a 512-bit vector is a block; vpdpbusd does 4 u8 x s8 products per lane.
 // - AVX2 + FMA + F16C (no AVX-512 anywhere in that build): a block is two 256-bit halves of 8 columns;
-//   vpmaddubsw sums u8 x s8 pairs into int16, which saturates, so only 4-bit codes (0..15) go through it: a
-//   pair is at most 2 * 15 * 128 = 3840 and a group adds 8 of them per int16, 30720 < 32767. 6- and 8-bit
-//   codes are split into their low nibble and the rest, dot = 16 * dot(high) + dot(low), each exact the same way.
+//   vpmaddubsw sums u8 x s8 pairs into int16, which saturates. A 4-bit code's pair is at most 2 * 15 * 128 =
+//   3840, and a group adds 8 of them per int16, 30720 < 32767. A 6-bit code's is at most 2 * 63 * 128 = 16128:
+//   two are added in int16, then widened to int32 (vpmaddwd). 8-bit codes are split into their low nibble and
+//   the rest, dot = 16 * dot(high) + dot(low), each exact as 4-bit codes are.
 // Both compute each group's exact integer dot product, and then the same float32 epilogue in the same order
 // (two FMAs a group, one at the end), lane by lane: their outputs are bit-identical.
 //
@@ -96,6 +97,9 @@ constexpr const char* kIsa = "avx2";
 #define KROWS_AVX2 6
 #endif
 constexpr int kRows = KROWS_AVX2;  // rows per pass: 6 x 2 int16 sums + 4 = the 16 registers (8-bit codes)
+// unrolled, a 6-bit group's 4 steps run faster on one row (measured); more rows' sums then leave the registers
+template <int R, int BITS>
+constexpr bool kUnroll = BITS == 6 && R <= 2;
 
 template <int R, int BITS>
 void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t* xq, const float* xsum,
@@ -111,27 +115,28 @@ void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t*
       _mm_prefetch(reinterpret_cast<const char*>(wg + kPrefetch + t), _MM_HINT_T0);
     const int8_t* xg = xq + g * 32;
     for (int h = 0; h < 2; ++h) {  // a half is 8 columns; the second half's bytes are in L1 by then
-      // int16 sums of u8 x s8 pairs; with 8 bits, lo holds the low nibbles' and hi the high nibbles'
-      __m256i lo16[R], hi16[R];
-      for (int r = 0; r < R; ++r) lo16[r] = hi16[r] = _mm256_setzero_si256();
-#pragma GCC unroll 1
-      for (int t = 0; t < (BITS == 6 ? 4 : kGroupBytes / 64); ++t) {
+      // int16 sums of u8 x s8 pairs; with 8 bits, lo holds the low nibbles' and hi the high nibbles'; with 6, d32
+      // holds int32 sums (a 6-bit code's pair sum, <= 2 * 63 * 128 = 16128, leaves room for one more in int16)
+      __m256i lo16[R], hi16[R], d32[R];
+      for (int r = 0; r < R; ++r) lo16[r] = hi16[r] = d32[r] = _mm256_setzero_si256();
+      const auto step = [&](const int t) __attribute__((always_inline)) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + t * 64 + h * 32));
-        const __m256i lo = _mm256_and_si256(v, nib);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-        __m256i tl = hi, th = hi;  // 6 bits: lo's and hi's top 2 bits (0..3), fields 2 (t % 2) and 2 (t % 2) + 1
-        if constexpr (BITS == 6) {
+        __m256i lo = _mm256_and_si256(v, nib);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+        if constexpr (BITS == 6) {  // or in the top 2 bits, moved to bits 4-5: lo's are field 2 (t % 2), hi's the next
           const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 256 + (t / 2) * 64 + h * 32));
-          tl = _mm256_and_si256(_mm256_srli_epi16(top, 4 * (t % 2)), _mm256_set1_epi8(3));
-          th = _mm256_and_si256(_mm256_srli_epi16(top, 4 * (t % 2) + 2), _mm256_set1_epi8(3));
+          const __m256i m = _mm256_set1_epi8(0x30);
+          const __m256i tl = t % 2 ? top : _mm256_slli_epi16(top, 4);
+          const __m256i th = t % 2 ? _mm256_srli_epi16(top, 2) : _mm256_slli_epi16(top, 2);
+          lo = _mm256_or_si256(lo, _mm256_and_si256(tl, m));
+          hi = _mm256_or_si256(hi, _mm256_and_si256(th, m));
         }
         for (int r = 0; r < R; ++r) {
-          if constexpr (BITS == 6) {  // nibbles into lo16, top 2 bits into hi16 (8 pairs <= 6144 a group)
-            const __m256i xl = _mm256_set1_epi32(x4(xg + r * K + t * 8)), xh = _mm256_set1_epi32(x4(xg + r * K + t * 8 + 4));
-            lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(lo, xl));
-            lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(hi, xh));
-            hi16[r] = _mm256_add_epi16(hi16[r], _mm256_maddubs_epi16(tl, xl));
-            hi16[r] = _mm256_add_epi16(hi16[r], _mm256_maddubs_epi16(th, xh));
+          if constexpr (BITS == 6) {  // two pair sums in int16 (<= 32256), then into int32
+            const int8_t* x = xg + r * K + t * 8;
+            const __m256i pair = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4(x))),
+                                                  _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4(x + 4))));
+            d32[r] = _mm256_add_epi32(d32[r], _mm256_madd_epi16(pair, _mm256_set1_epi16(1)));
           } else if constexpr (BITS == 4) {  // low nibbles: inputs j, high nibbles: inputs 4 + j; one int16 sum for both
             const int8_t* x = xg + r * K + t * 8;
             lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4(x))));
@@ -142,12 +147,21 @@ void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t*
             hi16[r] = _mm256_add_epi16(hi16[r], _mm256_maddubs_epi16(hi, xa));
           }
         }
+      };
+      constexpr int kSteps = BITS == 6 ? 4 : kGroupBytes / 64;
+      if constexpr (kUnroll<R, BITS>) {
+#pragma GCC unroll 4
+        for (int t = 0; t < kSteps; ++t) step(t);
+      } else {
+#pragma GCC unroll 1
+        for (int t = 0; t < kSteps; ++t) step(t);
       }
       const __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g * 16 + h * 8)));
       const __m256 ov = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + g * 16 + h * 8)));
       for (int r = 0; r < R; ++r) {
-        __m256i dot = _mm256_madd_epi16(lo16[r], _mm256_set1_epi16(1));  // a lane's two int16 sums -> int32
-        if constexpr (BITS != 4) dot = _mm256_add_epi32(dot, _mm256_madd_epi16(hi16[r], _mm256_set1_epi16(16)));
+        __m256i dot = d32[r];
+        if constexpr (BITS != 6) dot = _mm256_madd_epi16(lo16[r], _mm256_set1_epi16(1));  // a lane's two int16 sums
+        if constexpr (BITS == 8) dot = _mm256_add_epi32(dot, _mm256_madd_epi16(hi16[r], _mm256_set1_epi16(16)));
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sv, acc[r][h]);
         acc[r][h] = _mm256_fmadd_ps(ov, _mm256_set1_ps(xsum[r * G + g]), acc[r][h]);
       }
