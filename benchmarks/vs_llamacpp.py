@@ -21,7 +21,7 @@ ours = sys.argv[2] if len(sys.argv) > 2 else 'auto γ=4' if 'auto γ=4' in confi
 print(f"ours default: the `{ours}` rows")
 code = {"code_completion", "code_instruct", "code_edit"}
 def gm(xs): return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float('nan')
-for T in (0.0, 0.7):
+for T in sorted({k[2] for k in by}):  # the temperatures the run has
     print(f"\n## T={T}")
     print("| prompts | ours default / llama.cpp plain, whole request | decode | ours default / llama.cpp prompt lookup (whole) | ours plain / llama.cpp plain (decode) | TTFT ours default / llama.cpp (median s) |")
     print("|---|---|---|---|---|---|")
