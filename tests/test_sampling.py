@@ -190,6 +190,46 @@ def test_sample_shapes_and_law():
     assert sample(torch.full((2, 3, 4), 0.25), make_generator(0)).shape == (2, 3)
 
 
+def test_sample_draws_unnormalized_weights_by_their_law_over_a_large_vocabulary():
+    """sample() is an inverse-CDF draw: chi-square of 20000 draws against weight / sum, over a 152k vocabulary
+    whose mass sits on 12 ids, with zero-weight ids between and after them (never drawn)."""
+    from scipy.stats import chisquare
+
+    w = torch.zeros(151936)
+    ids = torch.tensor([0, 5, 6, 1000, 1001, 70000, 70002, 99999, 120000, 151000, 151934, 151935])
+    w[ids] = torch.tensor([3.0, 1.0, 0.5, 2.0, 0.25, 4.0, 1.5, 0.75, 2.5, 1.0, 0.1, 0.9]) * 7.3  # not normalized
+    gen = make_generator(5)
+    draws = torch.stack([sample(w, gen) for _ in range(20000)])
+    counts = torch.bincount(draws, minlength=w.numel())
+    assert int(counts.sum() - counts[ids].sum()) == 0  # no zero-weight id
+    share = w[ids].double().numpy()
+    expected = share / share.sum() * 20000
+    assert chisquare(counts[ids].double().numpy(), expected).pvalue > 1e-3
+
+
+def test_sample_never_draws_a_zero_weight_id_when_the_uniform_rounds_up(monkeypatch):
+    """u = rand * total can round up to total; the draw then takes the last id with weight, not one past it."""
+    import verispec.sampling as sampling
+
+    monkeypatch.setattr(sampling.torch, "rand", lambda *a, **k: torch.ones(*a[:2], dtype=torch.float64))
+    assert sample(torch.tensor([[0.2, 0.5, 0.3, 0.0, 0.0]]), None).tolist() == [2]
+
+
+@pytest.mark.parametrize("weights", [[0.0, 0.0], [1.0, float("nan")], [1.0, -0.5, 2.0], [float("inf"), 1.0]])
+def test_sample_refuses_weights_that_have_no_law(weights):
+    with pytest.raises(ValueError, match="non-negative"):
+        sample(torch.tensor(weights), None)
+
+
+def test_nearby_seeds_start_independent_streams():
+    """Choice i of a request is seeded seed + i, and the law tests seed sample i with base + i: the first float64
+    uniforms of 1000 consecutive seeds must look uniform (unmixed, torch's generator fails this at p = 1e-4)."""
+    from scipy.stats import kstest
+
+    first = [float(torch.rand(1, dtype=torch.float64, generator=make_generator(22_000_000 + i))) for i in range(1000)]
+    assert kstest(first, "uniform").pvalue > 1e-3
+
+
 def test_make_generator_is_reproducible():
     a = torch.rand(5, generator=make_generator(123))
     b = torch.rand(5, generator=make_generator(123))

@@ -82,19 +82,40 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
 
 
 def sample(probs: Tensor, generator: torch.Generator | None) -> Tensor:
-    """[..., V] probabilities -> [...] sampled token ids."""
+    """[..., V] non-negative weights (not necessarily normalized) -> [...] ids, each drawn with probability
+    weight / sum of its row: torch.multinomial's law, drawn as the inverse of a float64 cumulative sum at one
+    uniform per row. torch.multinomial took ~3 ms a draw over a 152k vocabulary on a CPU (a decoding step is
+    ~50 ms, and a sampled round draws once per draft token); this takes ~0.3 ms."""
     flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+    cdf = flat.cumsum(-1, dtype=torch.float64)
+    total = cdf[:, -1:].contiguous()
+    if not bool((torch.isfinite(total) & (total > 0)).all()) or bool((flat < 0).any()):
+        raise ValueError("sampling weights must be non-negative and sum to a positive finite number")
+    u = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64, device=flat.device) * total
+    ids = torch.searchsorted(cdf, u, right=True)  # the first id whose cumulative sum passes u: its weight is > 0
+    # u < total, unless the product rounded up to it: then the last id with weight (the first whose sum is total)
+    ids = torch.minimum(ids, torch.searchsorted(cdf, total))
+    return ids.reshape(probs.shape[:-1])
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
-    """One generator per request, so a seeded run is reproducible whatever runs beside it."""
+    """One generator per request, so a seeded run is reproducible whatever runs beside it. The seed is mixed
+    first: torch's Mersenne Twister seeded with nearby integers (choice i of a request gets seed + i) starts with
+    correlated draws (the first float64 uniform of seeds 22000000 + i, i < 1000, fails a KS test at p = 1e-4)."""
     g = torch.Generator(device=device)
     if seed is None:
         g.seed()
     else:
-        g.manual_seed(seed)
+        g.manual_seed(mix_seed(seed))
     return g
+
+
+def mix_seed(seed: int) -> int:
+    """splitmix64's finalizer: distinct seeds -> well-spread 63-bit generator seeds."""
+    z = (seed + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) >> 1
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from verispec.sampling import SamplingParams, argmax, logits_to_probs
+from verispec.sampling import SamplingParams, argmax, logits_to_probs, sample
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def verify_chain(draft: Tensor, p: Tensor, q: Tensor, generator: torch.Generator
     mass = residual.sum(-1, keepdim=True)
     # Mass 0 only by rounding (a rejection implies p(y) > q(y) somewhere); fall back to p itself.
     residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_n)
-    extra = torch.multinomial(residual, 1, generator=generator).squeeze(-1)  # [B]
+    extra = sample(residual, generator)  # [B]
     tokens = torch.cat([draft, draft.new_zeros(batch, 1)], dim=1)
     tokens[rows, num_accepted] = extra
     return Verified(num_accepted=num_accepted, tokens=tokens)
@@ -139,7 +139,7 @@ def verify_tree(tokens: list[int], parents: list[int], p: Tensor, q: Tensor | No
             # mass 0 only by rounding (a rejection implies p > q somewhere): keep p as it was
             cur = residual / mass if mass > 0 else cur
         else:
-            return path, int(torch.multinomial(cur, 1, generator=generator))
+            return path, int(sample(cur, generator))
 
 
 def verify_tree_greedy(tokens: list[int], parents: list[int], target_argmax: list[int]) -> tuple[list[int], int]:

@@ -24,7 +24,7 @@ from verispec.batch import Rows, Tree, make_rows, prefill
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Outcome, Proposal, ProposerStats, charge
 from verispec.proposers.draft_model import probs_on_vocab, to_vocab
-from verispec.sampling import SamplingParams, Shaper
+from verispec.sampling import SamplingParams, Shaper, sample
 from verispec.theory import TreeShape, VerifyCost, flat_cost, plan_tree
 
 PRIOR_RANK_ACCEPT = (0.7, 0.12, 0.05, 0.02)  # r_j before a row has measured its own (the packaged pair, greedy)
@@ -46,7 +46,7 @@ def draw_children(logits: Tensor, k: int, sampling: SamplingParams, generator: t
         if mass <= 0:
             break
         q = q / mass
-        x = int(torch.multinomial(q, 1, generator=generator))
+        x = int(sample(q, generator))
         tokens.append(x)
         qs.append(q)
         q = q.clone()
