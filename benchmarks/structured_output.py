@@ -95,15 +95,19 @@ def main() -> int:
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--serve-args", default="", help="extra `verispec serve` flags, one string")
+    ap.add_argument("--server-log", default="structured_output_server.log", help="where the server's log goes")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds a request may take before it counts as hung")
     args = ap.parse_args()
 
     port = free_port()
     cmd = [sys.executable, "-m", "verispec.cli", "serve", "--port", str(port), *args.serve_args.split()]
     print("server:", " ".join(cmd[2:]), flush=True)
-    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = open(args.server_log, "w")
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    print("server log:", args.server_log, flush=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        with httpx.Client(base_url=url, timeout=600) as client:
+        with httpx.Client(base_url=url, timeout=args.timeout) as client:
             deadline = time.monotonic() + 600
             while True:
                 try:
@@ -112,7 +116,7 @@ def main() -> int:
                 except httpx.TransportError:
                     pass
                 if server.poll() is not None or time.monotonic() > deadline:
-                    print(server.stderr.read() if server.stderr else "", file=sys.stderr)
+                    print(open(args.server_log).read(), file=sys.stderr)
                     return 2
                 time.sleep(0.5)
             jobs = [(kind, TOPICS[kind][i // len(SCHEMAS) % 10], i) for i in range(args.requests)
@@ -123,7 +127,10 @@ def main() -> int:
 
             def worker(mine: list[tuple[str, str, int]]) -> None:
                 for kind, topic, i in mine:
-                    out = request(client, kind, topic, args.temperature, i, args.max_tokens)
+                    try:
+                        out = request(client, kind, topic, args.temperature, i, args.max_tokens)
+                    except httpx.HTTPError as e:  # a request that fails or hangs is a finding, not the end of the run
+                        out = {"error": f"{type(e).__name__}: {e}"}
                     with lock:
                         results.append((kind, i, out))
 
@@ -135,6 +142,10 @@ def main() -> int:
             wall = time.perf_counter() - t0
             bad, finished, tokens, accepted, drafted = 0, 0, 0, 0, 0
             print("\n| # | schema | finish | valid | tokens | alpha | tau | s |\n|---|---|---|---|---|---|---|---|")
+            failed = [(kind, i, out) for kind, i, out in results if "error" in out]
+            results = [r for r in results if "error" not in r[2]]
+            for kind, i, out in failed:
+                print(f"| {i} | {kind} | FAILED: {out['error'][:80]} | - | - | - | - | - |")
             for kind, i, out in sorted(results, key=lambda r: r[1]):
                 choice, usage = out["choices"][0], out["usage"]
                 spec = usage["speculative"]
@@ -152,7 +163,11 @@ def main() -> int:
                 drafted += spec["draft_tokens"]
                 print(f"| {i} | {kind} | {choice['finish_reason']} | {valid} | {usage['completion_tokens']} | "
                       f"{spec['alpha']} | {spec['mean_accepted_length']} | {out['seconds']:.1f} |")
-            print(f"\n{len(results)} requests, {finished} finished at end of sequence, {bad} of them invalid; "
+            for kind, i, out in sorted(results, key=lambda r: r[1]):  # what an answer cut at max_tokens was doing
+                if out["choices"][0]["finish_reason"] == "length":
+                    text = out["choices"][0]["message"]["content"]
+                    print(f"cut at max_tokens: #{i} ({kind}): {text[:100]!r} ... {text[-60:]!r}")
+            print(f"\n{len(results)} requests answered ({len(failed)} failed), {finished} finished at end of sequence, {bad} of them invalid; "
                   f"{tokens} tokens in {wall:.1f} s ({tokens / wall:.1f} tok/s over {args.clients} clients); "
                   f"alpha {accepted / max(drafted, 1):.3f} ({accepted}/{drafted} drafts accepted)")
             differ = 0
@@ -165,7 +180,7 @@ def main() -> int:
                 spec = a["usage"]["speculative"]
                 print(f"  {kind}: {'equal' if same else 'DIFFER'} ({len(a['choices'][0]['token_ids'])} tokens, "
                       f"{spec['strategy']} alpha {spec['alpha']}, {a['seconds']:.1f} s vs ar {b['seconds']:.1f} s)")
-            return 1 if bad or differ else 0
+            return 1 if bad or differ or failed else 0
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -92,6 +92,43 @@ def test_masking_without_the_drafts_is_caught(wide_target, wide_draft, monkeypat
     assert bad
 
 
+class HighEveryOther:
+    """A grammar that allows only ids >= `low` at every other position: ids a draft with a truncated head lacks."""
+
+    def __init__(self, vocab: int, low: int) -> None:
+        self.vocab, self.low, self.out = vocab, low, []
+
+    def allowed(self, path: list[int]) -> torch.Tensor:
+        ok = torch.ones(self.vocab, dtype=torch.bool)
+        if len(self.out + path) % 2 == 1:
+            ok[: self.low] = False
+        return ok
+
+    def advance(self, tokens: list[int]) -> None:
+        self.out += tokens
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), T1], ids=["greedy", "T1"])
+def test_a_draft_whose_head_lacks_every_allowed_id_stops_its_proposal(wide_target, wide_draft, sampling):
+    """Where the grammar allows only ids past a truncated draft head, the draft proposes what it has so far and
+    speculation goes on (it raised there, and the row decoded target-only for the rest of the request)."""
+    import copy
+
+    from verispec.models.quant import truncate_head
+
+    vocab = wide_target.vocab_size
+    draft = truncate_head(copy.deepcopy(wide_draft), vocab - 16)
+    for prompt in PROMPTS:
+        params = GenerationParams(max_new_tokens=24, sampling=sampling, seed=7)
+        plain = generate(wide_target, prompt, params, constraint=HighEveryOther(vocab, vocab - 16))
+        got = generate(wide_target, prompt, GenerationParams(**{**params.__dict__, "gamma": 4}),
+                       DraftModelProposer(draft, 64, vocab_size=vocab), constraint=HighEveryOther(vocab, vocab - 16))
+        assert got.finish_reason == "length" and all(t >= vocab - 16 for t in got.token_ids[1::2])
+        assert got.metrics.drafted > 0 and got.metrics.accepted > 0
+        if sampling.greedy:
+            assert got.token_ids == plain.token_ids
+
+
 # ---- the sampled law ------------------------------------------------------------------------------------------
 def _no_repeat():  # one function object: check() caches the law by it
     return NoRepeat(6, 1)

@@ -94,6 +94,8 @@ def draft_steps(model: Rows, rows: list[int], feeds: list[list[int]], gammas: li
                 last = logits[j][-1][:vocab_size]  # [V'], V' <= V: ids past V' have q = 0
                 if shapes is not None and shapes[i] is not None:
                     last = shapes[i](to_vocab(last, vocab_size), tokens[i])
+                    if not bool(torch.isfinite(last).any()):  # the constraint allows none of the draft's ids
+                        continue  # the row's proposal ends here (the draft's truncated head lacks them)
                 if sampling[i].greedy:
                     token = int(argmax(last))
                     sure = confidence == 0.0 or float(torch.softmax(last.float(), -1)[token]) >= confidence

@@ -43,7 +43,7 @@ def draw_children(logits: Tensor, k: int, sampling: SamplingParams, generator: t
     tokens, qs = [], []
     for _ in range(k):
         mass = q.sum()
-        if mass <= 0:
+        if not mass > 0:  # none left (or a constraint left the draft no id: a NaN sum)
             break
         q = q / mass
         x = int(sample(q, generator))
