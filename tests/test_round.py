@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,6 +220,28 @@ def test_a_failing_proposer_costs_its_row_alone(wide_target, wide_draft, fall_ba
         assert seqs[1].fell_back and seqs[1].out == plain[1] and seqs[1].result.finish_reason == "length"
     else:
         assert seqs[1].result.finish_reason == "error" and "injected" in str(seqs[1].result.error)
+
+
+def test_a_repeated_drafting_failure_logs_one_traceback(wide_target, wide_draft, caplog):
+    """A failure that repeats on every row is logged in full once and in one line after: a flood of tracebacks
+    once filled a server's stderr pipe and stalled it (benchmarks/results/2026-11-25-xeon-amx-structured-output)."""
+    texts = prompts(wide_target.vocab_size, 3, seed=8)
+    params = GenerationParams(max_new_tokens=6, gamma=2, sampling=GREEDY)
+    shared = proposer("draft", wide_target, wide_draft, 3)
+
+    def broken(rows, *args):
+        raise RuntimeError("injected: the draft model failed")
+
+    shared.propose = broken
+    batch = Batch(wide_target, 3, 128, slack=32, fall_back=True)
+    seqs = [batch.add(t, params, shared) for t in texts]
+    with caplog.at_level(logging.WARNING, logger="verispec"):
+        while batch.live:
+            batch.round()
+    failures = [r for r in caplog.records if "drafting failed" in r.getMessage()]
+    assert len(failures) == 3 and all("injected" in r.getMessage() for r in failures)
+    assert [r.exc_info is not None for r in failures] == [True, False, False]
+    assert all(s.fell_back and s.result.finish_reason == "length" for s in seqs)
 
 
 EXTREMES = [  # valid, finite, and once able to turn the processed distribution into NaN

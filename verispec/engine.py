@@ -199,6 +199,10 @@ class Batch:
         self.target: Rows = make_rows(target, rows, max_len, slack)
         self.verifier, self.tree_verifier, self.fall_back = verifier, tree_verifier, fall_back
         self.live: list[Sequence] = []  # index == cache row
+        # exception types whose drafting failure was logged with its traceback: later ones get one line each, so
+        # a failure that repeats every round cannot flood the log (a server blocked writing to a full stderr
+        # pipe stalls every request: benchmarks/results/2026-11-25-xeon-amx-structured-output, run 5)
+        self._traced: set[type] = set()
 
     @property
     def max_len(self) -> int:
@@ -267,7 +271,10 @@ class Batch:
         if not self.fall_back:
             self._fail(seq, error)
             return
-        log.warning("drafting failed for a sequence; it continues target-only", exc_info=error)
+        first = type(error) not in self._traced
+        self._traced.add(type(error))
+        log.warning("drafting failed for a sequence (%s: %s); it continues target-only", type(error).__name__, error,
+                    exc_info=error if first else None)
         try:
             stats = seq.proposer.stats(row)
             seq.metrics.draft_forwards, seq.metrics.draft_seconds = stats.forwards, stats.seconds
