@@ -135,6 +135,35 @@ def test_top_p_per_row():
     close(out, [[5 / 8, 3 / 8, 0], [0, 0, 1]])
 
 
+def full_sort_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The rule by its definition: sort the whole vocabulary, keep ids whose mass before them is below top_p."""
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    kept = sorted_p.masked_fill(sorted_p.cumsum(-1) - sorted_p >= top_p, 0.0)
+    out = torch.zeros_like(probs).scatter_(-1, order, kept)
+    return out / out.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("scale", [8.0, 2.0, 0.05, 0.0], ids=["peaked", "spread", "nearly-flat", "flat"])
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.999])
+def test_top_p_on_a_large_vocabulary_keeps_what_a_full_sort_keeps(scale, top_p):
+    """top_p_filter takes the most likely ids in blocks (256, then 16x more, up to all): rows whose cut falls in
+    the first block, past it, or only at the vocabulary's end (flat) keep the same ids as a full sort."""
+    from verispec.sampling import TOP_P_BLOCK, top_p_filter
+
+    gen = torch.Generator().manual_seed(int(scale * 100 + top_p * 1000))
+    probs = torch.softmax(torch.randn(3, 151_936, generator=gen) * scale, dim=-1)
+    fast, slow = top_p_filter(probs, top_p), full_sort_top_p(probs, top_p)
+    if scale > 0:  # distinct masses: the same kept set, exactly
+        assert torch.equal(fast > 0, slow > 0)
+        torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-9)
+    else:  # all tied: any ceil(top_p * V) ids are the rule's set; the count is what is fixed
+        assert torch.equal((fast > 0).sum(-1), (slow > 0).sum(-1))
+    if scale == 8.0 and top_p == 0.5:
+        assert int((fast[0] > 0).sum()) < TOP_P_BLOCK  # the first block decided it
+    if scale == 0.05:
+        assert int((fast[0] > 0).sum()) > 16 * TOP_P_BLOCK  # it took the whole vocabulary
+
+
 # ---- greedy -------------------------------------------------------------------------------------------------------
 def test_greedy_is_one_hot_of_first_argmax():
     assert probs_of([1.0, 3.0, 3.0, 2.0], temperature=0.0).tolist() == [0, 1, 0, 0]

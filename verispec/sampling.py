@@ -64,21 +64,36 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     logits = logits.float()
     if params.greedy:
         return torch.zeros_like(logits).scatter_(-1, argmax(logits)[..., None], 1.0)
-    logits = (logits - logits.max(dim=-1, keepdim=True).values) / params.temperature  # the maximum becomes 0
-    if 0 < params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, -math.inf)
-    probs = torch.softmax(logits, dim=-1)
-    if params.top_p < 1.0:
-        # Keep the smallest set of most likely tokens whose mass reaches top_p (the top token always stays).
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-        mass_before = sorted_p.cumsum(-1) - sorted_p
-        # a top_p below the dtype's smallest normal would round to 0 there and keep nothing: keep the top token
-        top_p = max(params.top_p, torch.finfo(sorted_p.dtype).tiny)
-        sorted_p = sorted_p.masked_fill(mass_before >= top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+    x = logits - logits.max(dim=-1, keepdim=True).values  # a new tensor, so the rest works in place
+    x.div_(params.temperature)  # the maximum becomes 0
+    if 0 < params.top_k < x.shape[-1]:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
+        x.masked_fill_(x < kth, -math.inf)
+    probs = torch.softmax(x, dim=-1)
+    return probs if params.top_p >= 1.0 else top_p_filter(probs, params.top_p)
+
+
+TOP_P_BLOCK = 256  # most likely ids sorted first; a top-p cut almost always falls among them
+
+
+def top_p_filter(probs: Tensor, top_p: float) -> Tensor:
+    """Keep the smallest set of most likely ids whose mass reaches top_p (the top id always stays), renormalized.
+
+    Sorting a 152k vocabulary took ~10 ms a row on a CPU, a fifth of a decoding step; the cut nearly always falls
+    within the few most likely ids, so they are taken with topk, and a larger block (up to the whole vocabulary)
+    only where the first leaves some row's cut undecided: the same set as a full sort, ties aside (tied ids have
+    equal masses, so which of them the cut keeps is the only freedom, and it is deterministic)."""
+    top_p = max(top_p, torch.finfo(probs.dtype).tiny)  # below the smallest normal it rounds to 0: keep the top id
+    vocab, k = probs.shape[-1], min(TOP_P_BLOCK, probs.shape[-1])
+    while True:
+        top, ids = torch.topk(probs, k, dim=-1)  # descending
+        mass_before = top.cumsum(-1) - top
+        # every row's cut falls inside the block once the block's mass reaches top_p (the next id is then out)
+        if k == vocab or bool((mass_before[..., -1] + top[..., -1] >= top_p).all()):
+            break
+        k = min(vocab, 16 * k)
+    kept = torch.zeros_like(probs).scatter_(-1, ids, top.masked_fill_(mass_before >= top_p, 0.0))
+    return kept.div_(kept.sum(-1, keepdim=True))
 
 
 def sample(probs: Tensor, generator: torch.Generator | None) -> Tensor:

@@ -71,14 +71,16 @@ def verify_chain(draft: Tensor, p: Tensor, q: Tensor, generator: torch.Generator
     # u < p/q without dividing: q(x) = 0 accepts whenever p(x) > 0, p(x) = 0 never accepts.
     accepted = u * q_x < p_x
     num_accepted = accepted.long().cumprod(-1).sum(-1)  # [B] length of the accepted prefix
-    # The extra token comes from normalize(max(0, p_n - q_n)); with q_gamma := 0 this is the bonus p_gamma.
-    q_pad = torch.cat([q, q.new_zeros(batch, 1, q.shape[-1])], dim=1)  # [B, gamma + 1, V]
-    p_n, q_n = p[rows, num_accepted], q_pad[rows, num_accepted]  # [B, V]
-    residual = (p_n - q_n).clamp_min(0.0)
-    mass = residual.sum(-1, keepdim=True)
-    # Mass 0 only by rounding (a rejection implies p(y) > q(y) somewhere); fall back to p itself.
-    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_n)
-    extra = sample(residual, generator)  # [B]
+    # The extra token comes from normalize(max(0, p_n - q_n)), q_gamma := 0: the bonus is drawn from p_gamma itself.
+    # (sample draws in proportion to its weights: the residual needs no normalizing.)
+    p_n = p[rows, num_accepted]  # [B, V]
+    if gamma:
+        rejected = (num_accepted < gamma)[:, None]
+        q_n = torch.where(rejected, q[rows, num_accepted.clamp_max(gamma - 1)], 0.0)
+        residual = (p_n - q_n).clamp_min_(0.0)
+        # Mass 0 only by rounding (a rejection implies p(y) > q(y) somewhere); fall back to p itself.
+        p_n = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_n)
+    extra = sample(p_n, generator)  # [B]
     tokens = torch.cat([draft, draft.new_zeros(batch, 1)], dim=1)
     tokens[rows, num_accepted] = extra
     return Verified(num_accepted=num_accepted, tokens=tokens)

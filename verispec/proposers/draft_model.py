@@ -101,7 +101,7 @@ def draft_steps(model: Rows, rows: list[int], feeds: list[list[int]], gammas: li
                     sure = confidence == 0.0 or float(torch.softmax(last.float(), -1)[token]) >= confidence
                 else:
                     q = probs_on_vocab(last, sampling[i], vocab_size)
-                    token = int(sample(q, generators[i]))
+                    token = int(sample(q[: last.shape[-1]], generators[i]))  # the same draw, without the zeros
                     qs[i].append(q)
                     sure = float(q[token]) >= confidence
                 tokens[i].append(token)

@@ -126,7 +126,7 @@ class MedusaProposer:
                 out[i] = Proposal(tokens=argmax(last))
             else:
                 q = probs_on_vocab(last, sampling[i], self.vocab_size)
-                out[i] = Proposal(tokens=sample(q, generators[i]), q=q)
+                out[i] = Proposal(tokens=sample(q[:, : last.shape[-1]], generators[i]), q=q)  # the zeros cut
         charge(self._stats, [rows[i] for i in live], t0)
         return out
 
