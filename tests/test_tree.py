@@ -307,7 +307,7 @@ def test_best_tree_takes_the_most_valuable_nodes():
 
 def test_planner_says_chain_on_a_steep_cost_curve_and_tree_when_verification_is_flat():
     r = [0.6, 0.2, 0.1]
-    steep = interpolate_cost([(1, 1.0), (2, 1.4), (5, 2.6), (9, 4.2)])  # the AVX2 kernel build's curve
+    steep = interpolate_cost([(1, 1.0), (2, 1.4), (5, 2.6), (9, 4.2)])  # the AVX2 build's, before its fixes
     shape, speed = plan_tree(r, 8, 0.05, steep)
     assert all(rank == 0 for rank in shape.ranks) and speed > 1  # a chain
     flat, _ = plan_tree(r, 8, 0.05)
