@@ -260,6 +260,7 @@ class KernelAttend:
 
     def __init__(self, kernel: Any, mask: Tensor, scale: float | None = None) -> None:
         self.kernel, self.mask, self.scale = kernel, mask, scale
+        self.plan: Any = None  # the cache's write plan, the same for every layer of the forward (Block._compiled)
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return self.kernel.attention(q, k, v, self.mask, self.scale or q.shape[-1] ** -0.5)
@@ -396,7 +397,9 @@ class Block(nn.Module):
         ops = self._operands()
         if isinstance(attend, KernelAttend):  # the whole layer in one call
             kc, vc = cache.layer_kv(layer)
-            index, slots, read = cache.plan(batch, t)
+            if attend.plan is None:  # computed by the first layer: the cache's length moves only at commit
+                attend.plan = cache.plan(batch, t)
+            index, slots, read = attend.plan
             out = kernel.layer(rows, self.attn_norm.weight, self.attn_norm.eps, *ops[0], cos, sin, self.n_heads,
                                self.n_kv, kc, vc, index, slots, read, attend.mask, *ops[1], self.ffn_norm.weight,
                                self.ffn_norm.eps, *ops[2], *ops[3])
