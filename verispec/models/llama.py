@@ -260,7 +260,7 @@ class KernelAttend:
 
     def __init__(self, kernel: Any, mask: Tensor, scale: float | None = None) -> None:
         self.kernel, self.mask, self.scale = kernel, mask, scale
-        self.plan: Any = None  # the cache's write plan, the same for every layer of the forward (Block._compiled)
+        self.plan: Plan | None = None  # the cache's write plan: one per forward, made by its first layer
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return self.kernel.attention(q, k, v, self.mask, self.scale or q.shape[-1] ** -0.5)
