@@ -238,3 +238,49 @@ def test_fused_layer_matches_the_two_call_layer_bit_for_bit(builds, tiny_target)
         a, b = run(True, make, batch, mask), run(False, make, batch, mask)
         for u, w in zip(a, b):
             assert torch.equal(u, w), make.__name__
+
+
+def test_the_layer_stack_gives_the_bits_of_one_call_per_layer(builds, tiny_target, monkeypatch):
+    """kernels/layer.cpp `layers` (all of a w4a8 model's blocks in one call) leaves the logits and every cache slot
+    as one `layer` call per block does: one sequence, a batch cache's row, a batched forward over rows out of order
+    with unequal lengths (the server's rounds), and the first blocks only (self-speculation)."""
+    import copy
+    import itertools
+
+    from verispec.batch import forward_rows
+    from verispec.cache import BatchKVCache
+    from verispec.models.quant import quantize
+
+    model = quantize(copy.deepcopy(tiny_target).float(), "w4a8")
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(11)
+    prompt = torch.randint(0, cfg.vocab_size, (1, 9), generator=gen)
+
+    def single(layers):
+        cache = model.new_cache(32)
+        out = [model.forward(prompt, cache, layers=layers)]
+        cache.length = 9
+        out.append(model.forward(prompt[:, :4], cache, layers=layers))  # a 4-token step over a 9-token prefix
+        return out, cache.k, cache.v
+
+    def batched(layers):
+        cache = BatchKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 32, rows=3)
+        cache.lengths = [0, 0, 0]
+        out = forward_rows(model, [[1, 2, 3, 4, 5], [2, 2], [5, 4, 3]], cache, [2, 0, 1], layers=layers)
+        for r, n in ((2, 5), (0, 2), (1, 3)):
+            cache.lengths[r] = n
+        out += forward_rows(model, [[1], [3, 1, 4]], cache, [1, 2], layers=layers)
+        row = cache.row(0)
+        out.append(model.forward(prompt[:, :3], row, layers=layers))
+        return out, cache.k, cache.v
+
+    for isa, run, layers in itertools.product(kernels.available_isas(), (single, batched), (None, 1)):
+        monkeypatch.setenv(kernels.ISA_ENV, isa)  # each build's stack, against each build's per-layer calls
+        stacked = run(layers)
+        assert model._stack is not None and model._stack[1].isa() == isa, "the stack did not run"
+        with monkeypatch.context() as m:
+            m.setattr(model, "_layer_stack", lambda *a: None)
+            looped = run(layers)
+        for a, b in zip(stacked[0], looped[0]):
+            assert torch.equal(a, b), (isa, run.__name__, layers)
+        assert torch.equal(stacked[1], looped[1]) and torch.equal(stacked[2], looped[2]), (isa, run.__name__, layers)

@@ -84,6 +84,10 @@ class KVCache(CommitLog):
         writes and reads them itself following `plan`."""
         return self.k[layer], self.v[layer]
 
+    def buffers(self) -> tuple[Tensor, Tensor]:
+        """Every layer's buffers [layers, batch, kv_heads, max_len, head_dim], for compiled layers run in one call."""
+        return self.k, self.v
+
     def plan(self, batch: int, t: int) -> Plan:
         """What `write` does for a forward of t new tokens, as explicit rows, slots and keys read."""
         if self.length + t > self.max_len:
@@ -186,6 +190,9 @@ class RowsView:
     def layer_kv(self, layer: int) -> tuple[Tensor, Tensor]:
         return self.cache.k[layer], self.cache.v[layer]
 
+    def buffers(self) -> tuple[Tensor, Tensor]:
+        return self.cache.k, self.cache.v
+
     def plan(self, batch: int, t: int) -> Plan:
         return self.index, self.slots, self.read
 
@@ -213,6 +220,9 @@ class RowCache:
 
     def layer_kv(self, layer: int) -> tuple[Tensor, Tensor]:
         return self.batch.k[layer], self.batch.v[layer]
+
+    def buffers(self) -> tuple[Tensor, Tensor]:
+        return self.batch.k, self.batch.v
 
     def plan(self, batch: int, t: int) -> Plan:
         if self.length + t > self.batch.capacity:

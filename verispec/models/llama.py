@@ -413,6 +413,12 @@ class Block(nn.Module):
         out = kernel.layer_post(rows, attn, *ops[1], self.ffn_norm.weight, self.ffn_norm.eps, *ops[2], *ops[3])
         return out.view(batch, t, width)
 
+    def stack_operands(self) -> tuple[list[Tensor], list[float]]:
+        """This layer's 15 operands and 2 epsilons in kernels/layer.cpp `layer`'s order (for a LayerStack)."""
+        ops = self._operands()
+        return ([self.attn_norm.weight, *ops[0], *ops[1], self.ffn_norm.weight, *ops[2], *ops[3]],
+                [self.attn_norm.eps, self.ffn_norm.eps])
+
     def _operands(self) -> tuple[tuple[Tensor, ...], ...]:
         """The four linears' kernel operands (qkv with its bias), gathered once rather than in every forward."""
         ops = self._ops
@@ -437,6 +443,7 @@ class LlamaModel(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
+        self._stack: tuple[list[Tensor], Any, Any] | None = None  # _layer_stack(): (weights, kernel module, stack)
         self.register_buffer("cos", None, persistent=False)
         self.register_buffer("sin", None, persistent=False)
         self.register_buffer("cos_local", None, persistent=False)  # the sliding layers' rope, where it differs
@@ -525,11 +532,52 @@ class LlamaModel(nn.Module):
             mask = None
         key_pos = torch.cat([torch.arange(start), pos])  # [S]: the cached keys sit at their positions (see layer_plan)
         plan = self.layer_plan(pos, key_pos, mask, tokens.shape[0])
-        x = self.inputs(tokens, features)
-        for i, layer in enumerate(self.layers[: len(self.layers) if layers is None else layers]):
-            x = layer(x, i, cache, *plan[i])
+        x = self.run_layers(self.inputs(tokens, features), cache, plan, layers)
         logits = self.lm_head(self.norm(x if last_n is None else x[:, -last_n:]))
         return (logits, x) if hidden else logits
+
+    def run_layers(self, x: Tensor, cache: Any, plan: list[tuple[Tensor, Tensor, Attend]],
+                   layers: int | None = None) -> Tensor:
+        """The first `layers` blocks (default all) over x [B, T, H], writing their keys and values to `cache` (a
+        KVCache, a batch cache's row or rows view): in one compiled call where every block would run whole in its
+        own (kernels/layer.cpp), else block by block. Both give the same bits."""
+        n = len(self.layers) if layers is None else layers
+        stack = self._layer_stack(x, plan, n)
+        if stack is None:
+            for i in range(n):
+                x = self.layers[i](x, i, cache, *plan[i])
+            return x
+        cos, sin, attend = plan[0]
+        batch, t, width = x.shape
+        if attend.plan is None:
+            attend.plan = cache.plan(batch, t)
+        index, slots, read = attend.plan
+        cos, sin = (c.reshape(-1, t, self.cfg.head_dim).contiguous() for c in (cos, sin))
+        k, v = cache.buffers()
+        rows = x.reshape(batch * t, width).contiguous()
+        return stack.run(n, rows, cos, sin, k, v, index, slots, read, attend.mask).view(batch, t, width)
+
+    def _layer_stack(self, x: Tensor, plan: list[tuple[Tensor, Tensor, Attend]], n: int) -> Any | None:
+        """The compiled LayerStack of this model's blocks where the first n run in it: all w4a8, float32 activations,
+        one kernel attention and one rope for every layer. None elsewhere (or under $VERISPEC_LAYER=python)."""
+        from verispec.models.kernels import layer_kernel
+
+        if (n == 0 or x.dtype != torch.float32 or not isinstance(plan[0][2], KernelAttend)
+                or any(p is not plan[0] for p in plan[1:n]) or not self.layers[0].w4a8):
+            return None
+        kernel = layer_kernel()
+        if kernel is None:
+            return None
+        built = self._stack
+        weights = [b.wqkv.weight for b in self.layers]
+        if built is None or built[1] is not kernel or any(a is not b for a, b in zip(built[0], weights)):
+            if not all(b.w4a8 for b in self.layers):
+                return None
+            ops, eps = zip(*(b.stack_operands() for b in self.layers))
+            stack = kernel.LayerStack([t for o in ops for t in o], [e for pair in eps for e in pair],
+                                      self.cfg.num_attention_heads, self.cfg.num_key_value_heads)
+            built = self._stack = (weights, kernel, stack)  # rebuilt when the weights or the build change
+        return built[2]
 
     def layer_plan(self, pos: Tensor, key_pos: Tensor, mask: Tensor | None,
                    batch: int) -> list[tuple[Tensor, Tensor, Attend]]:
