@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch.utils import cpp_extension
 
+from verispec.models import kernels
 from verispec.models.kernels import ISA_CFLAGS
 from verispec.models.quant import W4A8Linear
 
@@ -30,12 +31,15 @@ def main() -> None:
     ap.add_argument("--shapes", default="8960x1536,1536x8960", help="out x in, comma list")
     args = ap.parse_args()
     mods = {}
+    here = Path(kernels.__file__).parent  # the other sources and the headers, as the package builds them
     for tag, src in (("a", args.a), ("b", args.b)):
         build = Path(tempfile.mkdtemp(prefix=f"kernel-ab-{tag}-"))
         copy = build / f"w4a8_{tag}.cpp"
         copy.write_text(Path(src).read_text())
-        mods[tag] = cpp_extension.load(name=f"kernel_ab_{args.isa}_{tag}", sources=[str(copy)],
-                                       extra_cflags=ISA_CFLAGS[args.isa], build_directory=str(build))
+        others = [str(here / name) for name in kernels.SOURCES if name != "w4a8.cpp"]
+        mods[tag] = cpp_extension.load(name=f"kernel_ab_{args.isa}_{tag}", sources=[str(copy), *others],
+                                       extra_cflags=[*ISA_CFLAGS[args.isa], f"-I{here}"],
+                                       extra_ldflags=kernels.LDFLAGS, build_directory=str(build))
     torch.manual_seed(0)
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
