@@ -98,28 +98,30 @@ def default_verify_cost(device: str = DEFAULT_DEVICE, *, kernel_isa: str | None 
     draft length per round (`auto`) before they have measured anything. kernel_isa: the w4a8 kernel build the
     target runs on (None: not a w4a8 target).
 
-    On a CPU a w4a8 target's few-row matmuls are compute-bound: with the AVX-512 VNNI build 2 tokens cost ~1.09x
-    a step, 5 tokens 1.32x, 9 1.7x, 16 ~2.4x; with the AVX2 build 1.15x, 1.44x, 2.33x and ~3.74x (the Intel Xeon,
-    medians of 24 forwards at a 300-token context, after the one-token step gained 9% / 4% from prefetching weights
-    into L2: benchmarks/results/2026-11-25-xeon-prefetch-l2; before it 1.05 / 1.25 / 1.65 / 2.9x and 1.08 / 1.32 /
-    2.1 / 3.45x; AMD EPYC's AVX-512 build measured 1.16 / 1.11 / 1.52 / 2.81x for 2 / 4 / 8 / 16). `auto` planning with these curves instead of the ones before
+    On a CPU a w4a8 target's few-row matmuls are compute-bound: with the AVX-512 VNNI build 2 tokens cost ~1.05x
+    a step, 5 tokens 1.25x, 9 1.65x, 16 ~2.9x; with the AVX2 build 1.08x, 1.32x, 2.1x and ~3.45x (the Intel Xeon,
+    medians of 24 forwards at a 300-token context, and `bench --costs` for 16; AMD EPYC's AVX-512 build measured
+    1.16 / 1.11 / 1.52 / 2.81x for 2 / 4 / 8 / 16). `auto` planning with these curves instead of the ones before
     the AVX2 build's fixes (1.4 / 2.6 / 4.2x for 2 / 5 / 9) and an older AVX-512 one (1.15 / 1.6 / 2.3x) chose
     longer drafts and decoded 1.31x plain decoding against 1.23x on the AVX2 build greedy (9 suite prompts), 1.30x
     against 1.25x at T = 0.7 (3 seeds), and 1-2% faster on the AVX-512 build (benchmarks/results/
-    2026-11-25-xeon-verify-cost-curves). A bf16 target is bound by reading 3 GB of weights (5 tokens ~1.05x, 9
+    2026-11-25-xeon-verify-cost-curves). Re-measured after the weights' prefetch into L2 made the one-token step
+    cheaper (AVX-512 1.09 / 1.32 / 1.7 / 2.42x, AVX2 1.15 / 1.44 / 2.33 / 3.74x), those curves drafted shorter and
+    ran no faster (1.349 vs 1.362x, 1.246 vs 1.251x plain decoding greedy: 2026-11-25-xeon-prefetch-l2), so these
+    stay. A bf16 target is bound by reading 3 GB of weights (5 tokens ~1.05x, 9
     ~1.3x); a GPU is flat at these sizes.
 
     >>> default_verify_cost("cpu", kernel_isa="avx512")[2], default_verify_cost("cpu", kernel_isa="avx2")[2]
-    ((5, 1.32), (5, 1.44))
+    ((5, 1.25), (5, 1.32))
     >>> default_verify_cost("cuda")
     [(1, 1.0), (16, 1.0)]
     """
     if device != "cpu":
         return [(1, 1.0), (16, 1.0)]
     if kernel_isa == "avx2":
-        return [(1, 1.0), (2, 1.15), (5, 1.44), (9, 2.33), (16, 3.74)]
+        return [(1, 1.0), (2, 1.08), (5, 1.32), (9, 2.1), (16, 3.45)]
     if kernel_isa is not None:
-        return [(1, 1.0), (2, 1.09), (5, 1.32), (9, 1.7), (16, 2.42)]
+        return [(1, 1.0), (2, 1.05), (5, 1.25), (9, 1.65), (16, 2.9)]
     return [(1, 1.0), (5, 1.05), (9, 1.3)]
 
 
