@@ -174,7 +174,7 @@ def _expected(models, prompt: str, n: int) -> list[int]:
     return generate(t.model, ids, params, proposer).token_ids
 
 
-def _kill(base: str, pid: int) -> float:
+def _kill(pid: int) -> float:
     """SIGKILL a replica's process; the time of the kill."""
     os.kill(pid, signal.SIGKILL)
     return time.monotonic()
@@ -197,7 +197,7 @@ def test_a_stream_cut_by_a_dying_replica_ends_with_the_envelope(cluster, models)
     pids = {r["id"]: r["pid"] for r in _health(cluster)["replicas"]["list"]}
     hit: list[tuple[int, float]] = []
     got = _request(cluster, prompt, PROBE_TOKENS, True, ignore_eos=True,
-                   on_token=lambda replica: hit.append((pids[replica], _kill(cluster, pids[replica]))))
+                   on_token=lambda replica: hit.append((pids[replica], _kill(pids[replica]))))
     back = _back(cluster, *hit[0])
     assert got["error"] is not None, f"the probe ran to its end ({len(got['ids'])} tokens) before the kill landed"
     assert got["error"]["code"] == "replica_unavailable" and got["ids"]
@@ -220,7 +220,7 @@ def test_killing_a_replica_mid_load_loses_no_request(cluster, models):
             assert time.monotonic() < deadline, "no replica reported the load"
             time.sleep(0.1)
         victim = max(busy, key=lambda r: r["running"] + r["waiting"])  # as its last heartbeat reported
-        killed = _kill(cluster, victim["pid"])
+        killed = _kill(victim["pid"])
         results = [f.result(timeout=180) for f in futures]  # none hangs
     back = _back(cluster, victim["pid"], killed)
     completed = failed = 0
@@ -237,8 +237,8 @@ def test_killing_a_replica_mid_load_loses_no_request(cluster, models):
     retried = float(next(line.split()[-1] for line in metrics.splitlines()
                          if line.startswith("verispec_ingress_retries_total")))
     assert failed + retried >= 1, "the kill touched no request: the load was over"
-    print(f"\nkilled replica {victim['id']} ({victim['running']} running, {victim['waiting']} waiting): {completed} requests completed, {failed} ended with the 503 envelope, "
-          f"{retried:.0f} retried; two replicas ready again {back:.1f} s after the kill")
+    print(f"\nkilled replica {victim['id']} ({victim['running']} running, {victim['waiting']} waiting): {completed} "
+          f"requests completed, {failed} ended with the 503 envelope, {retried:.0f} retried; two replicas ready again {back:.1f} s after the kill")
     assert _request(cluster, prompts[0], 24, False)["ids"] == reference(models, tok.encode(prompts[0]), 24)
 
 

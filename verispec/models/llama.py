@@ -260,7 +260,14 @@ class KernelAttend:
 
     def __init__(self, kernel: Any, mask: Tensor, scale: float | None = None) -> None:
         self.kernel, self.mask, self.scale = kernel, mask, scale
-        self.plan: Plan | None = None  # the cache's write plan: one per forward, made by its first layer
+        self.plan: Plan | None = None  # cache_plan()'s, made once per forward
+
+    def cache_plan(self, cache: Any, batch: int, t: int) -> Plan:
+        """The cache's write plan for this forward's t new tokens of `batch` rows, made by the first layer that asks
+        (the cache's length moves only at commit, after the forward)."""
+        if self.plan is None:
+            self.plan = cache.plan(batch, t)
+        return self.plan
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return self.kernel.attention(q, k, v, self.mask, self.scale or q.shape[-1] ** -0.5)
@@ -397,9 +404,7 @@ class Block(nn.Module):
         ops = self._operands()
         if isinstance(attend, KernelAttend):  # the whole layer in one call
             kc, vc = cache.layer_kv(layer)
-            if attend.plan is None:  # computed by the first layer: the cache's length moves only at commit
-                attend.plan = cache.plan(batch, t)
-            index, slots, read = attend.plan
+            index, slots, read = attend.cache_plan(cache, batch, t)
             out = kernel.layer(rows, self.attn_norm.weight, self.attn_norm.eps, *ops[0], cos, sin, self.n_heads,
                                self.n_kv, kc, vc, index, slots, read, attend.mask, *ops[1], self.ffn_norm.weight,
                                self.ffn_norm.eps, *ops[2], *ops[3])
@@ -549,9 +554,7 @@ class LlamaModel(nn.Module):
             return x
         cos, sin, attend = plan[0]
         batch, t, width = x.shape
-        if attend.plan is None:
-            attend.plan = cache.plan(batch, t)
-        index, slots, read = attend.plan
+        index, slots, read = attend.cache_plan(cache, batch, t)
         cos, sin = (c.reshape(-1, t, self.cfg.head_dim).contiguous() for c in (cos, sin))
         k, v = cache.buffers()
         rows = x.reshape(batch * t, width).contiguous()
