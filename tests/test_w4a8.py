@@ -90,6 +90,27 @@ def test_rows_do_not_depend_on_the_rest_of_the_batch(isa):
         assert torch.equal(together, alone)
 
 
+def test_activations_round_half_to_even_on_the_largest_magnitude(isa):
+    """A row's int8 codes are nearbyint(x * 127 / max |x|): halves go to the even code, the largest magnitude
+    (either sign) is +-127, NaN-free rows of zeros give zeros. Rows built so that x * 127 / max |x| lands on exact
+    halves; a quantizer that rounded halves away from zero, truncated, or took max x instead of max |x| would
+    move codes by one, which the float64 reference below sees (a code is worth ~1/15 of the output's scale)."""
+    torch.manual_seed(1)
+    layer = torch.nn.Linear(64, 32, bias=False)
+    for bits in (4, 6, 8):
+        q = W4A8Linear(layer, bits=bits)
+        halves = torch.arange(-31.5, 32.0, 1.0)  # 64 exact halves, |x| < 127
+        x = torch.stack([torch.cat([torch.tensor([-127.0]), halves[1:]]),  # the largest magnitude is negative
+                         torch.cat([halves[:-1], torch.tensor([127.0])]) * 0.25,  # a power-of-two scale: still exact
+                         torch.zeros(64)])
+        sx = x.abs().amax(-1, keepdim=True) / 127
+        xq = torch.round(x / torch.where(sx > 0, sx, 1.0))  # torch.round: half to even
+        assert (xq[:2] != torch.trunc(x[:2] / sx[:2])).any()  # the rows do hold halves
+        ref = (xq.double() @ dequantized(layer, bits).double().T) * sx.double()
+        size = (xq.double().abs() @ dequantized(layer, bits).double().abs().T) * sx.double()
+        assert ((q(x).double() - ref).abs() <= 1e-5 * size.amax(-1, keepdim=True).clamp_min(1e-30)).all(), bits
+
+
 def test_a_coarser_grid_is_kept_not_requantized():
     """GGUF Q4_K groups whose codes skip 0 or 15 (step s, offset o) come back exactly; a min/max grid would move
     every weight. Weights off any 4-bit grid are told apart."""

@@ -49,6 +49,25 @@ inline int32_t x4(const int8_t* x) { return *reinterpret_cast<const int32_u*>(x)
 constexpr const char* kIsa = "avx512";
 constexpr int kRows = 8;  // rows per pass over a weight block: 8 x (int + float) accumulators fit the 32 registers
 
+// A row's per-row symmetric int8 codes q = nearbyint(x / scale), scale = max |x| / 127 (1 for a zero row), and
+// each group of 32's sum of codes; returns the scale. Exact integer work and one float multiply a lane, so the
+// AVX2 build's loop gives the same bytes. K % 32 == 0.
+inline float quantize_row(const float* x, int64_t K, int8_t* q, float* xsum) {
+  __m512 mx = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) mx = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + k)), mx);  // NaN: skipped
+  const float amax = _mm512_reduce_max_ps(mx);
+  const float scale = amax > 0.f ? amax / 127.f : 1.f;
+  const __m512 inv = _mm512_set1_ps(1.f / scale);
+  for (int64_t g = 0; g < K / 32; ++g) {  // cvtps rounds to nearest even, as nearbyint does
+    const __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + g * 32), inv));
+    const __m512i b = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + g * 32 + 16), inv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * 32), _mm512_cvtepi32_epi8(a));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * 32 + 16), _mm512_cvtepi32_epi8(b));
+    xsum[g] = static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(a, b)));
+  }
+  return scale;
+}
+
 template <int R, int BITS>
 void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t* xq, const float* xsum,
            const float* sx, const float* bias, int64_t K, float* y, int64_t ldy) {
@@ -103,6 +122,35 @@ constexpr const char* kIsa = "avx2";
 #endif
 constexpr int kRows = KROWS_AVX2;  // rows per pass: 6 x 2 int16 sums + 4 = the 16 registers (8-bit codes)
 // unrolled, a 6-bit group's 4 steps run faster on one row (measured); more rows' sums then leave the registers
+// quantize_row of the AVX-512 build, 8 lanes at a time: the same codes, sums and scale.
+inline float quantize_row(const float* x, int64_t K, int8_t* q, float* xsum) {
+  const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 mx = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) mx = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + k), abs), mx);
+  alignas(32) float m8[8];
+  _mm256_store_ps(m8, mx);
+  float amax = m8[0];
+  for (int i = 1; i < 8; ++i) amax = std::max(amax, m8[i]);
+  const float scale = amax > 0.f ? amax / 127.f : 1.f;
+  const __m256 inv = _mm256_set1_ps(1.f / scale);
+  alignas(32) int32_t c[32];
+  for (int64_t g = 0; g < K / 32; ++g) {
+    __m256i sum = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+      const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + g * 32 + i * 8), inv));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(c + i * 8), v);
+      sum = _mm256_add_epi32(sum, v);
+    }
+    for (int i = 0; i < 32; ++i) q[g * 32 + i] = static_cast<int8_t>(c[i]);  // truncated, as vpmovdb does
+    alignas(32) int32_t s8[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s8), sum);
+    int32_t total = 0;
+    for (int i = 0; i < 8; ++i) total += s8[i];
+    xsum[g] = static_cast<float>(total);
+  }
+  return scale;
+}
+
 template <int R, int BITS>
 constexpr bool kUnroll = BITS == 6 && R <= 2;
 
@@ -217,23 +265,8 @@ torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor s, torch::
   float* xs = xsum.data_ptr<float>();
   float* sp = sx.data_ptr<float>();
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) {  // per-row symmetric int8: a row's quantization ignores the other rows
-      const float* row = xp + m * K;
-      float amax = 0.f;
-      for (int64_t k = 0; k < K; ++k) amax = std::fmax(amax, std::fabs(row[k]));
-      const float scale = amax > 0.f ? amax / 127.f : 1.f;
-      const float inv = 1.f / scale;
-      sp[m] = scale;
-      for (int64_t g = 0; g < G; ++g) {
-        int32_t sum = 0;
-        for (int64_t k = g * 32; k < g * 32 + 32; ++k) {
-          const int32_t q = static_cast<int32_t>(std::nearbyint(row[k] * inv));
-          qp[m * K + k] = static_cast<int8_t>(q);
-          sum += q;
-        }
-        xs[m * G + g] = static_cast<float>(sum);
-      }
-    }
+    for (int64_t m = m0; m < m1; ++m)  // per-row symmetric int8: a row's quantization ignores the other rows
+      sp[m] = quantize_row(xp + m * K, K, qp + m * K, xs + m * G);
   });
   auto y = torch::empty({M, N}, torch::kFloat32);
   float* yp = y.data_ptr<float>();
