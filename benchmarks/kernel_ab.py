@@ -49,7 +49,7 @@ def main() -> None:
                 x = torch.randn(rows, k)
 
                 def call(tag: str, q: W4A8Linear) -> torch.Tensor:
-                    return mods[tag].w4a8_mm(x, q.weight, q.scales, q.offsets, torch.empty(0))
+                    return mods[tag].w4a8_mm(x, *q.operands()[:3], torch.empty(0))
 
                 assert torch.equal(call("a", mats[0]), call("b", mats[0])), "the versions are not bit-identical"
                 times: dict[str, list[float]] = {"a": [], "b": []}
@@ -60,7 +60,7 @@ def main() -> None:
                             call(tag, q)
                         times[tag].append((time.perf_counter() - t0) / len(mats) * 1e3)
                 a, b = statistics.median(times["a"]), statistics.median(times["b"])
-                nbytes = mats[0].weight.numel() + 2 * 2 * mats[0].scales.numel()
+                nbytes = sum(t.numel() * t.element_size() for t in mats[0].operands()[:3])
                 print(f"{args.isa} {n}x{k} {bits}-bit, {rows} row(s): a {a:.3f} ms, b {b:.3f} ms, b/a {b / a:.2f} "
                       f"({nbytes / 1e6:.1f} MB: {nbytes / b / 1e6:.1f} GB/s)", flush=True)
 

@@ -43,14 +43,14 @@ def main() -> None:
         empty = torch.empty(0)
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, k)
-            first = [b.w4a8_mm(x, layers[0].weight, layers[0].scales, layers[0].offsets, empty) for b in builds.values()]
+            first = [b.w4a8_mm(x, *layers[0].operands()[:3], empty) for b in builds.values()]
             assert all(torch.equal(y, first[0]) for y in first), "builds differ"
             times: dict[str, list[float]] = {isa: [] for isa in builds}
             for _ in range(args.repeats):
                 for isa, b in builds.items():  # interleaved, so drift in the machine's load hits both alike
                     t0 = time.perf_counter()
                     for q in layers:
-                        b.w4a8_mm(x, q.weight, q.scales, q.offsets, empty)
+                        b.w4a8_mm(x, *q.operands()[:3], empty)
                     times[isa].append((time.perf_counter() - t0) / len(layers) * 1e3)
             med = [statistics.median(times[isa]) for isa in builds]
             print(f"{bits} | {rows} | " + " | ".join(f"{m:.3f}" for m in med) + f" | {med[-1] / med[0]:.2f}")

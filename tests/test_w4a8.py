@@ -13,7 +13,7 @@ from verispec.models import kernels
 from verispec.models.errors import ModelError
 from verispec.models.kernels import KernelError, w4a8
 from verispec.models.load import load
-from verispec.models.quant import W4A8Linear, affine_groups, cache_file, on_4bit_grid
+from verispec.models.quant import W4A8Linear, affine_groups, cache_file, on_4bit_grid, w4a8_grid
 from verispec.proposers.draft_model import DraftModelProposer
 
 if not kernels.available_isas():  # neither AVX-512 VNNI nor AVX2: the dtype refuses (message: test_refusals_...)
@@ -41,10 +41,11 @@ def isa(request, monkeypatch) -> str:
 
 
 def dequantized(layer: torch.nn.Linear, bits: int) -> torch.Tensor:
+    """The weights as the kernel decodes them: codes times the decoded step plus the decoded offset (float32, exact)."""
     w = layer.weight.detach().float()
-    q, s, o = affine_groups(w, 2**bits - 1)
+    q, s, o, _, _ = w4a8_grid(w, 2**bits - 1)
     n, k = w.shape
-    return (q.reshape(n, k // 32, 32).float() * s.float()[..., None] + o.float()[..., None]).reshape(n, k)
+    return (q.reshape(n, k // 32, 32).float() * s[..., None] + o[..., None]).reshape(n, k)
 
 
 @pytest.mark.parametrize("bits", [4, 6, 8])
@@ -53,9 +54,11 @@ def test_kernel_matches_its_dequantized_weights_and_quantized_rows(isa, bits, ro
     """Against a float64 reference with the same quantization (weights per group, activations per row): the only
     difference left is float32 accumulation order."""
     torch.manual_seed(rows)
-    layer = torch.nn.Linear(192, 80, bias=True)
+    layer = torch.nn.Linear(640, 80, bias=True)  # 20 groups: two whole units of 8 groups and a part of one
+    with torch.no_grad():
+        layer.weight[:, 256:512] *= 8  # a unit whose groups span 8x the others'
     q = W4A8Linear(layer, bits=bits)
-    x = torch.randn(rows, 192) * 3
+    x = torch.randn(rows, 640) * 3
     sx = x.abs().amax(-1, keepdim=True) / 127
     xq = torch.round(x * (1 / sx))
     ref = (xq.double() @ dequantized(layer, bits).double().T) * sx.double() + layer.bias.double()
@@ -109,6 +112,32 @@ def test_activations_round_half_to_even_on_the_largest_magnitude(isa):
         ref = (xq.double() @ dequantized(layer, bits).double().T) * sx.double()
         size = (xq.double().abs() @ dequantized(layer, bits).double().abs().T) * sx.double()
         assert ((q(x).double() - ref).abs() <= 1e-5 * size.amax(-1, keepdim=True).clamp_min(1e-30)).all(), bits
+
+
+def test_step_and_offset_codes_hold_each_group_within_half_a_unit():
+    """unit_codes: 8-bit codes on a bf16 unit per 8 groups decode each group's step and offset to within half a
+    unit, the largest to within 1/250 of itself; a step never decodes to 0; codes and units pack as the kernel
+    reads them."""
+    from verispec.models.quant import UNIT_GROUPS, unit_codes
+
+    gen = torch.Generator().manual_seed(3)
+    s = torch.rand(32, 20, generator=gen) * torch.logspace(-4, 0, 32)[:, None] + 1e-6
+    s[:, 3] = 1e-9  # a step far below its unit's: code 1, not 0
+    o = torch.randn(32, 20, generator=gen) * torch.logspace(-4, 0, 32)[:, None]
+    step, offset, codes, units = unit_codes(s, o)
+    assert codes.shape == (32, 20, 2) and codes.dtype == torch.uint8
+    assert units.shape == (32, -(-20 // UNIT_GROUPS), 2) and units.dtype == torch.bfloat16
+    su, ou = (units[..., i].float().repeat_interleave(UNIT_GROUPS, 1)[:, :20] for i in (0, 1))
+    a, b = codes[..., 0].float(), codes[..., 1].view(torch.int8).float()
+    assert torch.equal(step, a * su) and torch.equal(offset, b * ou)
+    assert (a >= 1).all() and (b.abs() <= 127).all()
+    keep = torch.ones(20, dtype=torch.bool)
+    keep[3] = False
+    assert ((step - s)[:, keep].abs() <= su[:, keep] / 2 * 1.001).all()
+    assert ((offset - o).abs() <= ou / 2 * 1.001).all()
+    for v, d in ((s, step), (o.abs(), offset.abs())):
+        top = v.reshape(32, -1).amax(-1)
+        assert ((d.amax(-1) - top).abs() <= top / 250).all()
 
 
 def test_a_coarser_grid_is_kept_not_requantized():
@@ -176,10 +205,13 @@ def test_feature_matrix_each_build_against_float64(isa, bits):
         y = q(x)
         sx = x.abs().amax(-1, keepdim=True) / 127
         xq = torch.round(x * (1 / sx))
-        ref = (xq.double() @ dequantized(layer, bits).double().T) * sx.double()
+        w = dequantized(layer, bits).double()
+        ref = (xq.double() @ w.T) * sx.double()
+        # float32 accumulation errs relative to the products' magnitudes (a row of the extreme layer sums to 0)
+        size = (xq.double().abs() @ w.abs().T) * sx.double()
         if layer.bias is not None:
             ref += layer.bias.double()
-        assert ((y.double() - ref).abs() <= 1e-5 * ref.abs().amax(-1, keepdim=True)).all()
+        assert ((y.double() - ref).abs() <= 1e-5 * size.amax(-1, keepdim=True)).all()
         for rows in range(1, 21):
             assert torch.equal(q(x[:rows]), y[:rows]), rows
         assert torch.equal(torch.cat([q(x[i : i + 1]) for i in range(20)]), y)
@@ -191,13 +223,13 @@ def test_builds_are_bit_identical(bits):
     gives the same bits on an AVX2 machine as on an AVX-512 one (here both builds run on one CPU)."""
     builds = {isa: _build_or_skip(isa) for isa in kernels.ISAS}
     gen = torch.Generator().manual_seed(bits)
-    for n, k in ((80, 192), (48, 256)):
+    for n, k in ((80, 640), (48, 256)):
         layer = torch.nn.Linear(k, n, bias=True)
         q = W4A8Linear(layer if n == 80 else _extreme_layer(bits, n, k), bits=bits)
         bias = q.bias if q.bias is not None else torch.empty(0)
         for rows in range(1, 21):
             x = torch.randn(rows, k, generator=gen) * torch.logspace(-2, 2, rows)[:, None]
-            ys = [b.w4a8_mm(x, q.weight, q.scales, q.offsets, bias) for b in builds.values()]
+            ys = [b.w4a8_mm(x, q.weight, q.codes, q.units, bias) for b in builds.values()]
             assert all(torch.equal(y, ys[0]) for y in ys[1:]), (n, rows)
 
 
@@ -274,7 +306,7 @@ def test_embedding_kept_in_bf16_only_where_lossless(tiny_target):
 
 
 def test_weight_bytes_per_token_counts_every_w4a8_operand(tiny_target):
-    """The bandwidth limit's byte count: a w4a8 model's packed weights, scales, offsets (and biases), the norms, and
+    """The bandwidth limit's byte count: a w4a8 model's packed weights, step/offset codes, units (and biases), the norms, and
     one row of the embedding table (offsets were once left out: the limit came out 9% low for the 1.5B target)."""
     import copy
 

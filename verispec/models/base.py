@@ -44,6 +44,6 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
             continue
         total += p.numel() * p.element_size()
     for name, b in model.named_buffers():  # quantized weights, their scales, offsets and biases live in buffers
-        if name.endswith(("weight", "scale", "scales", "offsets", "bias", "qweight", "scales_and_zeros")):
+        if name.endswith(("weight", "scale", "scales", "codes", "units", "bias", "qweight", "scales_and_zeros")):
             total += b.numel() * b.element_size()
     return total

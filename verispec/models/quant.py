@@ -156,13 +156,55 @@ def grid_holds(w: Tensor, q: Tensor, s: Tensor, o: Tensor, *, group: int = 32) -
     return bool((rel < 0.1).float().mean() >= 0.9)
 
 
+UNIT_GROUPS = 8  # groups of 32 inputs whose step and offset codes share a unit (kernels/w4a8.cpp kUnitGroups)
+
+
+def unit_codes(s: Tensor, o: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-group steps s (> 0) and offsets o [N, G] as the kernel stores them: 8-bit codes on a bf16 unit per
+    UNIT_GROUPS groups. Returns the decoded step and offset [N, G] float32 (exactly what the kernel computes), the
+    codes [N, G, 2] uint8 (a in 0..255, b in -127..127 as its two's complement) and the units [N, U, 2] bf16."""
+    n, g = s.shape
+    u = -(-g // UNIT_GROUPS)
+    pad = u * UNIT_GROUPS - g
+
+    def split(v: Tensor, top: int) -> tuple[Tensor, Tensor]:
+        blocks = torch.nn.functional.pad(v.float(), (0, pad)).reshape(n, u, UNIT_GROUPS)
+        exact = blocks.abs().amax(-1) / top  # [N, U]: the largest value's code is `top`
+        unit = exact.bfloat16().float()
+        up = unit < exact  # rounded down: the next bf16 up, so that no code passes `top`
+        unit = torch.where(up, (unit.view(torch.int32) + 0x10000).view(torch.float32), unit)
+        unit = torch.where(unit > 0, unit, torch.ones_like(unit))  # all zero: any unit
+        code = (blocks / unit[..., None]).round().clamp(-top, top)
+        return code.reshape(n, -1)[:, :g], unit
+
+    a, su = split(s, 255)
+    a = a.clamp_min(1)  # a step never decodes to 0
+    b, ou = split(o, 127)
+    step = a * su.repeat_interleave(UNIT_GROUPS, 1)[:, :g]
+    offset = b * ou.repeat_interleave(UNIT_GROUPS, 1)[:, :g]
+    codes = torch.stack([a.to(torch.uint8), b.to(torch.int8).view(torch.uint8)], -1)
+    return step, offset, codes, torch.stack([su, ou], -1).bfloat16()
+
+
+def w4a8_grid(w: Tensor, levels: int, groups: tuple[Tensor, Tensor, Tensor] | None = None,
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """[N, K] weights -> codes q [N, K] in 0..levels on the decoded grid of `unit_codes` (q re-rounded to it, so
+    that a step's 8-bit code does not shift a group's weights), that grid's step and offset [N, K / 32], and the
+    stored step/offset codes and units. groups: affine_groups(w, levels) where already computed."""
+    n, k = w.shape
+    _, s, o = groups if groups is not None else affine_groups(w, levels)
+    step, offset, codes, units = unit_codes(s.float(), o.float())
+    q = ((w.reshape(n, k // 32, 32) - offset[..., None]) / step[..., None]).round().clamp(0, levels)
+    return q.reshape(n, k).to(torch.uint8), step, offset, codes, units
+
+
 class W4A8Linear(nn.Module):
     """4-bit weights (groups of 32, w = s * q + o) times per-row int8 activations, on verispec's kernel
     (kernels/w4a8.cpp: an AVX-512 VNNI build and a bit-identical AVX2 one, picked from the CPU's flags). It
-    reads 0.63 bytes a weight at 4 bits (bf16 reads 2), and with VNNI a 5-token verification costs little more
+    reads 0.58 bytes a weight at 4 bits (bf16 reads 2; GGUF's Q4_K 0.56), and with VNNI a 5-token verification costs little more
     than a 1-token step (AVX2 takes about twice the instructions per product, so there its many-row matmuls are
     slower). `bits=None` gives 6 bits to a matrix that a 4-bit grid would coarsen (GGUF's Q6_K tensors), so a
-    target converted from Q4_K/Q6_K keeps about its precision: 0.88 bytes a weight where 8 bits read 1.13 (the
+    target converted from Q4_K/Q6_K keeps about its precision: 0.83 bytes a weight where 8 bits read 1.08 (the
     LM head and half the down projections are a third of the 1.5B target's bytes). A row's output does not
     depend on the other rows in the forward: greedy speculation equals plain decoding bit for bit."""
 
@@ -171,22 +213,26 @@ class W4A8Linear(nn.Module):
         n, k = linear.out_features, linear.in_features
         np_, kp = -(-n // 16) * 16, -(-k // 32) * 32  # the kernel's tiles; only tiny test models need the padding
         self.bits = bits or 4  # on the meta device the cached weights' shapes decide (_load_from_state_dict)
+        g, u = kp // 32, -(-kp // (32 * UNIT_GROUPS))
         if linear.weight.device.type == "meta":  # shapes only (ops on meta tensors import torch's decompositions)
             packed = torch.empty(np_ // 16, kp // 8, 64, dtype=torch.uint8, device="meta")
-            s = o = torch.empty(np_ // 16, kp // 32, 16, dtype=torch.half, device="meta")
+            codes = torch.empty(np_ // 16, g, 32, dtype=torch.uint8, device="meta")
+            units = torch.empty(np_ // 16, u, 32, dtype=torch.bfloat16, device="meta")
             bias = None if linear.bias is None else torch.empty(np_, device="meta")
         else:
             w = torch.nn.functional.pad(linear.weight.detach().float(), (0, kp - k, 0, np_ - n))
-            q, s, o = affine_groups(w, 2**self.bits - 1)
-            if bits is None and not grid_holds(w, q, s, o):  # a matrix that a 4-bit grid would coarsen
-                self.bits = 6
-                q, s, o = affine_groups(w, 63)
+            groups = affine_groups(w, 2**self.bits - 1)
+            if bits is None and not grid_holds(w, *groups):  # a matrix that a 4-bit grid would coarsen
+                self.bits, groups = 6, None
+            q, _, _, codes, units = w4a8_grid(w, 2**self.bits - 1, groups)
             packed = self.pack(q, self.bits)
-            s, o = (t.reshape(np_ // 16, 16, kp // 32).transpose(1, 2).contiguous() for t in (s, o))
+            # [N, G, 2] -> [N / 16, G, 32]: a block's 16 columns' step codes, then their offset codes (units alike)
+            codes, units = (t.reshape(np_ // 16, 16, -1, 2).permute(0, 2, 3, 1).reshape(np_ // 16, -1, 32).contiguous()
+                            for t in (codes, units))
             bias = None if linear.bias is None else torch.nn.functional.pad(linear.bias.detach().float(), (0, np_ - n))
         self.register_buffer("weight", packed)
-        self.register_buffer("scales", s)
-        self.register_buffer("offsets", o)
+        self.register_buffer("codes", codes)
+        self.register_buffer("units", units)
         self.register_buffer("bias", bias)
         self.in_features, self.out_features, self._padded = k, n, (kp, np_)
 
@@ -220,9 +266,10 @@ class W4A8Linear(nn.Module):
         return self._padded == (self.in_features, self.out_features)
 
     def operands(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """The kernel's arguments after the activations: packed weights, scales, offsets, bias (empty: none)."""
+        """The kernel's arguments after the activations: packed weights, step/offset codes, their units, bias
+        (empty: none)."""
         bias = self.bias if self.bias is not None else torch.empty(0)
-        return self.weight, self.scales, self.offsets, bias
+        return self.weight, self.codes, self.units, bias
 
     def forward(self, x: Tensor) -> Tensor:
         from verispec.models.kernels import w4a8
@@ -284,9 +331,13 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     return quantize(model, "int8")
 
 
+# cache files of layouts since replaced (w4a8 with an fp16 step and offset per group, until 2026-11-26)
+SUPERSEDED = {"w4a8": ("verispec-w4a8-q6.safetensors",), "w4a8-4bit": ("verispec-w4a8-4bit.safetensors",)}
+
+
 def cache_file(kind: str) -> str:
     return {"int8": "verispec-int8.safetensors", "w8a8": "verispec-w8a8.safetensors",
-            "w4a8": "verispec-w4a8-q6.safetensors", "w4a8-4bit": "verispec-w4a8-4bit.safetensors"}.get(
+            "w4a8": "verispec-w4a8-q6-u8.safetensors", "w4a8-4bit": "verispec-w4a8-4bit-u8.safetensors"}.get(
         kind, f"verispec-int4-g{INT4_GROUP}.safetensors")
 
 
@@ -315,6 +366,8 @@ def load_quantized_llama(path: Path, kind: str = "int8", dtype: torch.dtype = to
     print(f"quantizing {path.name} to {kind} (once; cached in {cached.name})...", file=sys.stderr)
     model = quantize(LlamaModel.from_hf_dir(path, dtype=dtype), kind)
     _save(model, cached)
+    for old in SUPERSEDED.get(kind, ()):  # an earlier layout's cache of the same model: never read again
+        (path / old).unlink(missing_ok=True)
     return _packed(model)
 
 
@@ -358,7 +411,7 @@ def truncate_head(model: nn.Module, keep: int) -> nn.Module:
         raise ValueError("a truncated LM head needs a bfloat16, float32, int8, w8a8 or w4a8 draft, not int4")
     if isinstance(head, W4A8Linear):  # 16 rows a block: keep whole blocks, and the rows past `keep` go unused
         blocks = -(-keep // 16)
-        head.weight, head.scales, head.offsets = (t[:blocks] for t in (head.weight, head.scales, head.offsets))
+        head.weight, head.codes, head.units = (t[:blocks] for t in (head.weight, head.codes, head.units))
         if head.bias is not None:
             head.bias = head.bias[: 16 * blocks]
         head.out_features, head._padded = keep, (head._padded[0], 16 * blocks)

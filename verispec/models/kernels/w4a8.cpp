@@ -1,6 +1,6 @@
 // 4-bit weights x 8-bit activations: the matmul that a 1-token decoding step and a few-token verification spend
 // their time in on a CPU. That matmul is bound by reading weights, so weights are 4 bits (groups of 32 along the
-// input, w = s * q + o, q in 0..15, fp16 s and o), and activations are quantized per row to int8 so that integer
+// input, w = s * q + o, q in 0..15, s and o as 8-bit codes; see below), and activations are quantized per row to int8 so that integer
 // u8 x s8 dot products do the multiply-adds.
 //
 // Layout: 16 output columns share a 64-byte block, one 4-byte lane each, and each lane's 4 bytes are 4
@@ -9,7 +9,14 @@
 // coarsen: GGUF's Q6_K tensors, q in 0..63) a group of 32 inputs is 384 bytes: the codes' low nibbles as four
 // 4-bit blocks, then two blocks of their top 2 bits, byte 4 * lane + j of block p holding, from bit 0 up, those
 // of inputs 16p + j, 16p + 4 + j, 16p + 8 + j, 16p + 12 + j. With 8 bits (q in 0..255) a block is 16 columns x
-// 4 inputs. Scales and offsets are [N / 16, K / 32, 16].
+// 4 inputs.
+//
+// A group's step s and offset o (w = s * q + o) are 8-bit codes on a unit that 8 groups (256 inputs, a GGUF
+// K-quant's super-block) share per column: s = S * a (a in 0..255), o = O * b (b in -127..127), S and O bf16
+// (fp16's subnormals would hold a small unit to a few bits). codes [N / 16, K / 32, 32] uint8 hold a group's 16
+// a's then its 16 b's; units [N / 16, ceil(K / 256), 32] bf16 the 16 S's then the 16 O's. 0.625 bits a weight,
+// where an fp16 step and offset per group read 1.0: 4-bit weights read 4.625 bits (GGUF's Q4_K 4.5), 6-bit ones
+// 6.625 (Q6_K 6.5625). S * a is exact in float32 (8 x 8 bits), so both builds decode the same step.
 //
 // One source, two builds (kernels/__init__.py picks one from the CPU's flags):
 // - AVX-512 VNNI (-mavx512vnni): a 512-bit vector is a block; vpdpbusd does 4 u8 x s8 products per lane.
@@ -37,6 +44,7 @@
 namespace {
 
 typedef int32_t int32_u __attribute__((may_alias, aligned(1)));  // an unaligned 4-byte load that may alias int8s
+constexpr int kUnitGroups = 8;  // groups of 32 inputs that share a unit
 // Bytes ahead of the weights being read, prefetched into L2: without it ~80% of the bandwidth was reached; into L1
 // (as until 2026-11-25, 8 KB ahead) a one-token forward of the 1.5B target took 8% longer on an Intel Xeon (AVX-512
 // build), where L2 holds more misses in flight. The AVX2 build's many-row blocks are bound by their int16
@@ -48,6 +56,11 @@ inline int32_t x4(const int8_t* x) { return *reinterpret_cast<const int32_u*>(x)
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 constexpr const char* kIsa = "avx512";
 constexpr int kRows = 8;  // rows per pass over a weight block: 8 x (int + float) accumulators fit the 32 registers
+
+inline __m512 bf16x16(const uint16_t* p) {  // 16 bf16 values as float32: their bits, 16 places up
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
 
 // A row's per-row symmetric int8 codes q = nearbyint(x / scale), scale = max |x| / 127 (1 for a zero row), and
 // each group of 32's sum of codes; returns the scale. Exact integer work and one float multiply a lane, so the
@@ -69,7 +82,7 @@ inline float quantize_row(const float* x, int64_t K, int8_t* q, float* xsum) {
 }
 
 template <int R, int BITS>
-void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t* xq, const float* xsum,
+void block(const uint8_t* w, const uint8_t* c, const uint16_t* u, const int8_t* xq, const float* xsum,
            const float* sx, const float* bias, int64_t K, float* y, int64_t ldy) {
   const int64_t G = K / 32;
   const __m512i nib = _mm512_set1_epi8(0x0F);
@@ -104,8 +117,13 @@ void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t*
           dot[r] = _mm512_dpbusd_epi32(dot[r], v, _mm512_set1_epi32(x4(xq + r * K + g * 32 + t * 4)));
       }
     }
-    const __m512 sv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + g * 16)));
-    const __m512 ov = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(o + g * 16)));
+    const uint16_t* ug = u + (g / kUnitGroups) * 32;
+    const __m512 sv = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + g * 32)))),
+        bf16x16(ug));
+    const __m512 ov = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + g * 32 + 16)))),
+        bf16x16(ug + 16));
     for (int r = 0; r < R; ++r) {
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), sv, acc[r]);
       acc[r] = _mm512_fmadd_ps(ov, _mm512_set1_ps(xsum[r * G + g]), acc[r]);
@@ -120,7 +138,12 @@ constexpr const char* kIsa = "avx2";
 #ifndef KROWS_AVX2
 #define KROWS_AVX2 6
 #endif
-constexpr int kRows = KROWS_AVX2;  // rows per pass: 6 x 2 int16 sums + 4 = the 16 registers (8-bit codes)
+constexpr int kRows = KROWS_AVX2;
+
+inline __m256 bf16x8(const uint16_t* p) {  // 8 bf16 values as float32: their bits, 16 places up
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}  // rows per pass: 6 x 2 int16 sums + 4 = the 16 registers (8-bit codes)
 // unrolled, a 6-bit group's 4 steps run faster on one row (measured); more rows' sums then leave the registers
 // quantize_row of the AVX-512 build, 8 lanes at a time: the same codes, sums and scale.
 inline float quantize_row(const float* x, int64_t K, int8_t* q, float* xsum) {
@@ -155,7 +178,7 @@ template <int R, int BITS>
 constexpr bool kUnroll = BITS == 6 && R <= 2;
 
 template <int R, int BITS>
-void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t* xq, const float* xsum,
+void block(const uint8_t* w, const uint8_t* c, const uint16_t* u, const int8_t* xq, const float* xsum,
            const float* sx, const float* bias, int64_t K, float* y, int64_t ldy) {
   const int64_t G = K / 32;
   const __m256i nib = _mm256_set1_epi8(0x0F);
@@ -209,8 +232,13 @@ void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t*
 #pragma GCC unroll 1
         for (int t = 0; t < kSteps; ++t) step(t);
       }
-      const __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g * 16 + h * 8)));
-      const __m256 ov = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + g * 16 + h * 8)));
+      const uint16_t* ug = u + (g / kUnitGroups) * 32 + h * 8;
+      const __m256 sv = _mm256_mul_ps(
+          _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + g * 32 + h * 8)))),
+          bf16x8(ug));
+      const __m256 ov = _mm256_mul_ps(
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + g * 32 + 16 + h * 8)))),
+          bf16x8(ug + 16));
       for (int r = 0; r < R; ++r) {
         __m256i dot = d32[r];
         if constexpr (BITS != 6) dot = _mm256_madd_epi16(lo16[r], _mm256_set1_epi16(1));  // a lane's two int16 sums
@@ -231,7 +259,7 @@ void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t*
 #error "build with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mf16c, or with -mavx2 -mfma -mf16c"
 #endif
 
-using BlockFn = void (*)(const uint8_t*, const uint16_t*, const uint16_t*, const int8_t*, const float*,
+using BlockFn = void (*)(const uint8_t*, const uint8_t*, const uint16_t*, const int8_t*, const float*,
                          const float*, const float*, int64_t, float*, int64_t);
 
 template <int BITS, int... R>
@@ -244,9 +272,9 @@ constexpr auto kBlocks = blocks<BITS>(std::make_integer_sequence<int, kRows>{});
 }  // namespace
 
 // x [M, K] float32; w [N / 16, K / 8, 64] uint8 with 4 bits, [N / 16, 3 K / 16, 64] with 6, [N / 16, K / 4, 64]
-// with 8; s, o [N / 16, K / 32, 16] float16; bias [N] float32 or empty.
-// Returns x W^T + bias as [M, N] float32.
-torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor s, torch::Tensor o, torch::Tensor bias) {
+// with 8; codes [N / 16, K / 32, 32] uint8, units [N / 16, ceil(K / 256), 32] bfloat16 (see the top); bias [N]
+// float32 or empty. Returns x W^T + bias as [M, N] float32.
+torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor codes, torch::Tensor units, torch::Tensor bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
   TORCH_CHECK(w.dim() == 3 && w.scalar_type() == torch::kUInt8 && w.is_contiguous() && w.size(2) == 64, "w: packed uint8");
   const int64_t M = x.size(0), K = x.size(1), NB = w.size(0), N = NB * 16, G = K / 32;
@@ -254,8 +282,11 @@ torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor s, torch::
               "K must be a multiple of 32 and match the packed weights");
   const int bits = w.size(1) == K / 8 ? 4 : w.size(1) == K / 4 ? 8 : 6;
   const auto& run = bits == 4 ? kBlocks<4> : bits == 6 ? kBlocks<6> : kBlocks<8>;
-  TORCH_CHECK(s.scalar_type() == torch::kHalf && o.scalar_type() == torch::kHalf && s.is_contiguous() &&
-              o.is_contiguous() && s.numel() == N * G && o.numel() == N * G, "scales: float16 [N / 16, K / 32, 16]");
+  const int64_t U = (G + kUnitGroups - 1) / kUnitGroups;
+  TORCH_CHECK(codes.scalar_type() == torch::kUInt8 && codes.is_contiguous() && codes.numel() == N * G * 2,
+              "codes: uint8 [N / 16, K / 32, 32]");
+  TORCH_CHECK(units.scalar_type() == at::kBFloat16 && units.is_contiguous() && units.numel() == N * U * 2,
+              "units: bfloat16 [N / 16, ceil(K / 256), 32]");
   TORCH_CHECK(bias.numel() == 0 || (bias.scalar_type() == torch::kFloat32 && bias.numel() == N), "bias: [N] float32");
   auto xq = torch::empty({M, K}, torch::kInt8);
   auto xsum = torch::empty({M, G}, torch::kFloat32);
@@ -271,14 +302,14 @@ torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor s, torch::
   auto y = torch::empty({M, N}, torch::kFloat32);
   float* yp = y.data_ptr<float>();
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  const uint16_t* s16 = reinterpret_cast<const uint16_t*>(s.data_ptr<at::Half>());
-  const uint16_t* o16 = reinterpret_cast<const uint16_t*>(o.data_ptr<at::Half>());
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const uint16_t* up = reinterpret_cast<const uint16_t*>(units.data_ptr<at::BFloat16>());
   const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
   at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t nb = b0; nb < b1; ++nb) {
       for (int64_t m = 0; m < M; m += kRows) {
         const int r = static_cast<int>(std::min<int64_t>(kRows, M - m));
-        run[r](wp + nb * K * bits * 2, s16 + nb * G * 16, o16 + nb * G * 16, qp + m * K, xs + m * G, sp + m,
+        run[r](wp + nb * K * bits * 2, cp + nb * G * 32, up + nb * U * 32, qp + m * K, xs + m * G, sp + m,
                    bp ? bp + nb * 16 : nullptr, K, yp + m * N + nb * 16, N);
       }
     }
