@@ -1,0 +1,311 @@
+// 4-bit weights x 8-bit activations: the matmul that a 1-token decoding step and a few-token verification spend
+// their time in on a CPU. That matmul is bound by reading weights, so weights are 4 bits (groups of 32 along the
+// input, w = s * q + o, q in 0..15, fp16 s and o), and activations are quantized per row to int8 so that integer
+// u8 x s8 dot products do the multiply-adds.
+//
+// Layout: 16 output columns share a 64-byte block, one 4-byte lane each, and each lane's 4 bytes are 4
+// consecutive inputs. With 4 bits a block of 16 columns x 8 inputs is 64 bytes: byte 4 * lane + j holds input
+// j in its low nibble and input 4 + j in its high one. With 6 bits (for weights that a 4-bit grid would
+// coarsen: GGUF's Q6_K tensors, q in 0..63) a group of 32 inputs is 384 bytes: the codes' low nibbles as four
+// 4-bit blocks, then two blocks of their top 2 bits, byte 4 * lane + j of block p holding, from bit 0 up, those
+// of inputs 16p + j, 16p + 4 + j, 16p + 8 + j, 16p + 12 + j. With 8 bits (q in 0..255) a block is 16 columns x
+// 4 inputs. Scales and offsets are [N / 16, K / 32, 16].
+//
+// One source, two builds (kernels/__init__.py picks one from the CPU's flags):
+// - AVX-512 VNNI (-mavx512vnni): a 512-bit vector is a block; vpdpbusd does 4 u8 x s8 products per lane.
+// - AVX2 + FMA + F16C (no AVX-512 anywhere in that build): a block is two 256-bit halves of 8 columns;
+//   vpmaddubsw sums u8 x s8 pairs into int16, which saturates. A 4-bit code's pair is at most 2 * 15 * 128 =
+//   3840, and a group adds 8 of them per int16, 30720 < 32767. A 6-bit code's is at most 2 * 63 * 128 = 16128:
+//   two are added in int16, then widened to int32 (vpmaddwd). 8-bit codes are split into their low nibble and
+//   the rest, dot = 16 * dot(high) + dot(low), each exact as 4-bit codes are.
+// Both compute each group's exact integer dot product, and then the same float32 epilogue in the same order
+// (two FMAs a group, one at the end), lane by lane: their outputs are bit-identical.
+//
+// Every row is computed by the same instruction sequence whatever the other rows are, so a token's output
+// does not depend on how many tokens share the forward (exact greedy speculation needs that).
+#include <torch/csrc/utils/pybind.h>
+
+#include "tensor.h"
+#include <immintrin.h>
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace {
+
+typedef int32_t int32_u __attribute__((may_alias, aligned(1)));  // an unaligned 4-byte load that may alias int8s
+// Bytes ahead of the weights being read, prefetched into L2: without it ~80% of the bandwidth was reached; into L1
+// (as until 2026-11-25, 8 KB ahead) a one-token forward of the 1.5B target took 8% longer on an Intel Xeon (AVX-512
+// build), where L2 holds more misses in flight. The AVX2 build's many-row blocks are bound by their int16
+// arithmetic, and ran 4% slower so; they keep L1.
+constexpr int kPrefetch = 16384;
+
+inline int32_t x4(const int8_t* x) { return *reinterpret_cast<const int32_u*>(x); }
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr const char* kIsa = "avx512";
+#ifndef KSPLIT
+#define KSPLIT 2
+#endif
+#ifndef KSPLIT_R
+#define KSPLIT_R 1
+#endif
+constexpr int kRows = 8;  // rows per pass over a weight block: 8 x (int + float) accumulators fit the 32 registers
+
+template <int R, int BITS>
+void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t* xq, const float* xsum,
+           const float* sx, const float* bias, int64_t K, float* y, int64_t ldy) {
+  const int64_t G = K / 32;
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    // kChains independent integer sums a row (added at the group's end: exact, so the same bits): one row's
+    // vpdpbusd chain would otherwise wait on its own latency at every step
+    constexpr int kChains = R <= KSPLIT_R ? KSPLIT : 1;
+    __m512i dot[R][kChains];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < kChains; ++c) dot[r][c] = _mm512_setzero_si512();
+    constexpr int kGroupBytes = 16 * 32 * BITS / 8;
+    const uint8_t* wg = w + g * kGroupBytes;
+    for (int t = 0; t < kGroupBytes; t += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(wg + kPrefetch + t), _MM_HINT_T1);
+    for (int t = 0; t < (BITS == 6 ? 4 : kGroupBytes / 64); ++t) {  // 6 bits: the 4 nibble blocks drive it
+      const __m512i v = _mm512_loadu_si512(wg + t * 64);
+      if constexpr (BITS == 4 || BITS == 6) {
+        __m512i lo = _mm512_and_si512(v, nib);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        if constexpr (BITS == 6) {  // or in the top 2 bits, moved to bits 4-5: lo's are field 2 (t % 2), hi's the next
+          const __m512i top = _mm512_loadu_si512(wg + 256 + (t / 2) * 64), m = _mm512_set1_epi8(0x30);
+          const __m512i tl = t % 2 ? top : _mm512_slli_epi16(top, 4);
+          const __m512i th = t % 2 ? _mm512_srli_epi16(top, 2) : _mm512_slli_epi16(top, 2);
+          lo = _mm512_ternarylogic_epi32(lo, tl, m, 0xF8);  // lo | (tl & m)
+          hi = _mm512_ternarylogic_epi32(hi, th, m, 0xF8);
+        }
+        for (int r = 0; r < R; ++r) {  // 4 activation bytes broadcast to every lane, folded into the dot product
+          const int8_t* x = xq + r * K + g * 32 + t * 8;
+          dot[r][(2 * t) % kChains] = _mm512_dpbusd_epi32(dot[r][(2 * t) % kChains], lo, _mm512_set1_epi32(x4(x)));
+          dot[r][(2 * t + 1) % kChains] = _mm512_dpbusd_epi32(dot[r][(2 * t + 1) % kChains], hi, _mm512_set1_epi32(x4(x + 4)));
+        }
+      } else {
+        for (int r = 0; r < R; ++r)
+          dot[r][t % kChains] = _mm512_dpbusd_epi32(dot[r][t % kChains], v, _mm512_set1_epi32(x4(xq + r * K + g * 32 + t * 4)));
+      }
+    }
+    const __m512 sv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + g * 16)));
+    const __m512 ov = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(o + g * 16)));
+    for (int r = 0; r < R; ++r) {
+      __m512i d = dot[r][0];
+      for (int c = 1; c < kChains; ++c) d = _mm512_add_epi32(d, dot[r][c]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sv, acc[r]);
+      acc[r] = _mm512_fmadd_ps(ov, _mm512_set1_ps(xsum[r * G + g]), acc[r]);
+    }
+  }
+  const __m512 b = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * ldy, _mm512_fmadd_ps(acc[r], _mm512_set1_ps(sx[r]), b));
+}
+
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+constexpr const char* kIsa = "avx2";
+#ifndef KROWS_AVX2
+#define KROWS_AVX2 6
+#endif
+constexpr int kRows = KROWS_AVX2;  // rows per pass: 6 x 2 int16 sums + 4 = the 16 registers (8-bit codes)
+// unrolled, a 6-bit group's 4 steps run faster on one row (measured); more rows' sums then leave the registers
+template <int R, int BITS>
+constexpr bool kUnroll = BITS == 6 && R <= 2;
+
+template <int R, int BITS>
+void block(const uint8_t* w, const uint16_t* s, const uint16_t* o, const int8_t* xq, const float* xsum,
+           const float* sx, const float* bias, int64_t K, float* y, int64_t ldy) {
+  const int64_t G = K / 32;
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    constexpr int kGroupBytes = 16 * 32 * BITS / 8;
+    const uint8_t* wg = w + g * kGroupBytes;
+    for (int t = 0; t < kGroupBytes; t += 64)  // L2 for one row (bound by memory), L1 for more (by arithmetic)
+      _mm_prefetch(reinterpret_cast<const char*>(wg + kPrefetch + t), R == 1 ? _MM_HINT_T1 : _MM_HINT_T0);
+    const int8_t* xg = xq + g * 32;
+    for (int h = 0; h < 2; ++h) {  // a half is 8 columns; the second half's bytes are in L1 by then
+      // int16 sums of u8 x s8 pairs; with 8 bits, lo holds the low nibbles' and hi the high nibbles'; with 6, d32
+      // holds int32 sums (a 6-bit code's pair sum, <= 2 * 63 * 128 = 16128, leaves room for one more in int16)
+      __m256i lo16[R], hi16[R], d32[R];
+      for (int r = 0; r < R; ++r) lo16[r] = hi16[r] = d32[r] = _mm256_setzero_si256();
+      const auto step = [&](const int t) __attribute__((always_inline)) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + t * 64 + h * 32));
+        __m256i lo = _mm256_and_si256(v, nib);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+        if constexpr (BITS == 6) {  // or in the top 2 bits, moved to bits 4-5: lo's are field 2 (t % 2), hi's the next
+          const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 256 + (t / 2) * 64 + h * 32));
+          const __m256i m = _mm256_set1_epi8(0x30);
+          const __m256i tl = t % 2 ? top : _mm256_slli_epi16(top, 4);
+          const __m256i th = t % 2 ? _mm256_srli_epi16(top, 2) : _mm256_slli_epi16(top, 2);
+          lo = _mm256_or_si256(lo, _mm256_and_si256(tl, m));
+          hi = _mm256_or_si256(hi, _mm256_and_si256(th, m));
+        }
+        for (int r = 0; r < R; ++r) {
+          if constexpr (BITS == 6) {  // two pair sums in int16 (<= 32256), then into int32
+            const int8_t* x = xg + r * K + t * 8;
+            const __m256i pair = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4(x))),
+                                                  _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4(x + 4))));
+            d32[r] = _mm256_add_epi32(d32[r], _mm256_madd_epi16(pair, _mm256_set1_epi16(1)));
+          } else if constexpr (BITS == 4) {  // low nibbles: inputs j, high nibbles: inputs 4 + j; one int16 sum for both
+            const int8_t* x = xg + r * K + t * 8;
+            lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4(x))));
+            lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4(x + 4))));
+          } else {  // both nibbles of a byte weigh the same input
+            const __m256i xa = _mm256_set1_epi32(x4(xg + r * K + t * 4));
+            lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(lo, xa));
+            hi16[r] = _mm256_add_epi16(hi16[r], _mm256_maddubs_epi16(hi, xa));
+          }
+        }
+      };
+      constexpr int kSteps = BITS == 6 ? 4 : kGroupBytes / 64;
+      if constexpr (kUnroll<R, BITS>) {
+#pragma GCC unroll 4
+        for (int t = 0; t < kSteps; ++t) step(t);
+      } else {
+#pragma GCC unroll 1
+        for (int t = 0; t < kSteps; ++t) step(t);
+      }
+      const __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g * 16 + h * 8)));
+      const __m256 ov = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + g * 16 + h * 8)));
+      for (int r = 0; r < R; ++r) {
+        __m256i dot = d32[r];
+        if constexpr (BITS != 6) dot = _mm256_madd_epi16(lo16[r], _mm256_set1_epi16(1));  // a lane's two int16 sums
+        if constexpr (BITS == 8) dot = _mm256_add_epi32(dot, _mm256_madd_epi16(hi16[r], _mm256_set1_epi16(16)));
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sv, acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(ov, _mm256_set1_ps(xsum[r * G + g]), acc[r][h]);
+      }
+    }
+  }
+  for (int h = 0; h < 2; ++h) {
+    const __m256 b = bias ? _mm256_loadu_ps(bias + h * 8) : _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r)
+      _mm256_storeu_ps(y + r * ldy + h * 8, _mm256_fmadd_ps(acc[r][h], _mm256_set1_ps(sx[r]), b));
+  }
+}
+
+#else
+#error "build with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mf16c, or with -mavx2 -mfma -mf16c"
+#endif
+
+using BlockFn = void (*)(const uint8_t*, const uint16_t*, const uint16_t*, const int8_t*, const float*,
+                         const float*, const float*, int64_t, float*, int64_t);
+
+template <int BITS, int... R>
+constexpr std::array<BlockFn, sizeof...(R) + 1> blocks(std::integer_sequence<int, R...>) {
+  return {nullptr, block<R + 1, BITS>...};
+}
+template <int BITS>
+constexpr auto kBlocks = blocks<BITS>(std::make_integer_sequence<int, kRows>{});
+
+}  // namespace
+
+// x [M, K] float32; w [N / 16, K / 8, 64] uint8 with 4 bits, [N / 16, 3 K / 16, 64] with 6, [N / 16, K / 4, 64]
+// with 8; s, o [N / 16, K / 32, 16] float16; bias [N] float32 or empty.
+// Returns x W^T + bias as [M, N] float32.
+torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor s, torch::Tensor o, torch::Tensor bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
+  TORCH_CHECK(w.dim() == 3 && w.scalar_type() == torch::kUInt8 && w.is_contiguous() && w.size(2) == 64, "w: packed uint8");
+  const int64_t M = x.size(0), K = x.size(1), NB = w.size(0), N = NB * 16, G = K / 32;
+  TORCH_CHECK(K % 32 == 0 && (w.size(1) == K / 8 || w.size(1) == 3 * K / 16 || w.size(1) == K / 4),
+              "K must be a multiple of 32 and match the packed weights");
+  const int bits = w.size(1) == K / 8 ? 4 : w.size(1) == K / 4 ? 8 : 6;
+  const auto& run = bits == 4 ? kBlocks<4> : bits == 6 ? kBlocks<6> : kBlocks<8>;
+  TORCH_CHECK(s.scalar_type() == torch::kHalf && o.scalar_type() == torch::kHalf && s.is_contiguous() &&
+              o.is_contiguous() && s.numel() == N * G && o.numel() == N * G, "scales: float16 [N / 16, K / 32, 16]");
+  TORCH_CHECK(bias.numel() == 0 || (bias.scalar_type() == torch::kFloat32 && bias.numel() == N), "bias: [N] float32");
+  auto xq = torch::empty({M, K}, torch::kInt8);
+  auto xsum = torch::empty({M, G}, torch::kFloat32);
+  auto sx = torch::empty({M}, torch::kFloat32);
+  const float* xp = x.data_ptr<float>();
+  int8_t* qp = xq.data_ptr<int8_t>();
+  float* xs = xsum.data_ptr<float>();
+  float* sp = sx.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {  // per-row symmetric int8: a row's quantization ignores the other rows
+      const float* row = xp + m * K;
+      float amax = 0.f;
+      for (int64_t k = 0; k < K; ++k) amax = std::fmax(amax, std::fabs(row[k]));
+      const float scale = amax > 0.f ? amax / 127.f : 1.f;
+      const float inv = 1.f / scale;
+      sp[m] = scale;
+      for (int64_t g = 0; g < G; ++g) {
+        int32_t sum = 0;
+        for (int64_t k = g * 32; k < g * 32 + 32; ++k) {
+          const int32_t q = static_cast<int32_t>(std::nearbyint(row[k] * inv));
+          qp[m * K + k] = static_cast<int8_t>(q);
+          sum += q;
+        }
+        xs[m * G + g] = static_cast<float>(sum);
+      }
+    }
+  });
+  auto y = torch::empty({M, N}, torch::kFloat32);
+  float* yp = y.data_ptr<float>();
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const uint16_t* s16 = reinterpret_cast<const uint16_t*>(s.data_ptr<at::Half>());
+  const uint16_t* o16 = reinterpret_cast<const uint16_t*>(o.data_ptr<at::Half>());
+  const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      for (int64_t m = 0; m < M; m += kRows) {
+        const int r = static_cast<int>(std::min<int64_t>(kRows, M - m));
+        run[r](wp + nb * K * bits * 2, s16 + nb * G * 16, o16 + nb * G * 16, qp + m * K, xs + m * G, sp + m,
+                   bp ? bp + nb * 16 : nullptr, K, yp + m * N + nb * 16, N);
+      }
+    }
+  });
+  return y;
+}
+
+// attention.cpp, layer.cpp
+torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor mask, double scale);
+torch::Tensor layer_pre(torch::Tensor x, torch::Tensor norm, double eps, torch::Tensor w, torch::Tensor s,
+                        torch::Tensor o, torch::Tensor bias, torch::Tensor cos, torch::Tensor sin, int64_t heads,
+                        int64_t kv_heads, int64_t T);
+torch::Tensor layer_post(torch::Tensor x, torch::Tensor attn, torch::Tensor wo, torch::Tensor so, torch::Tensor oo,
+                         torch::Tensor norm, double eps, torch::Tensor w13, torch::Tensor s13, torch::Tensor o13,
+                         torch::Tensor w2, torch::Tensor s2, torch::Tensor o2);
+torch::Tensor layer(torch::Tensor x, torch::Tensor norm1, double eps1, torch::Tensor wqkv, torch::Tensor sqkv,
+                    torch::Tensor oqkv, torch::Tensor bqkv, torch::Tensor cos, torch::Tensor sin, int64_t heads,
+                    int64_t kv_heads, torch::Tensor kc, torch::Tensor vc, torch::Tensor rows, torch::Tensor slots,
+                    int64_t read, torch::Tensor mask, torch::Tensor wo, torch::Tensor so, torch::Tensor oo,
+                    torch::Tensor norm2, double eps2, torch::Tensor w13, torch::Tensor s13, torch::Tensor o13,
+                    torch::Tensor w2, torch::Tensor s2, torch::Tensor o2);
+
+torch::Tensor layers(const std::vector<torch::Tensor>& ops, const std::vector<double>& eps, int64_t heads,
+                     int64_t kv_heads, int64_t n, torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
+                     torch::Tensor k, torch::Tensor v, torch::Tensor rows, torch::Tensor slots, int64_t read,
+                     torch::Tensor mask);
+
+// A model's decoder layers with their operands converted from Python once, not at every forward (360 tensors for
+// the 0.5B draft). Module-local: both builds (avx512, avx2) load into one process and each binds its own.
+struct LayerStack {
+  std::vector<torch::Tensor> ops;
+  std::vector<double> eps;
+  int64_t heads, kv_heads;
+  torch::Tensor run(int64_t n, torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor k,
+                    torch::Tensor v, torch::Tensor rows, torch::Tensor slots, int64_t read, torch::Tensor mask) const {
+    return layers(ops, eps, heads, kv_heads, n, x, cos, sin, k, v, rows, slots, read, mask);
+  }
+};
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  pybind11::class_<LayerStack>(m, "LayerStack", pybind11::module_local(), "a model's w4a8 decoder layers, run whole in one call")
+      .def(pybind11::init([](std::vector<torch::Tensor> ops, std::vector<double> eps, int64_t heads,
+                             int64_t kv_heads) { return LayerStack{std::move(ops), std::move(eps), heads, kv_heads}; }))
+      .def("run", &LayerStack::run, "the first n layers over x (layer()'s arguments, the cache whole)");
+  m.def("w4a8_mm", &w4a8_mm, "4-bit weight x int8 activation matmul");
+  m.def("attention", &attention, "attention of each query on its own over a float32 KV cache");
+  m.def("layer_pre", &layer_pre, "a decoder layer's norm, q/k/v projection and rope (w4a8 weights)");
+  m.def("layer_post", &layer_post, "a decoder layer's output projection, MLP and residuals (w4a8 weights)");
+  m.def("layer", &layer, "a whole decoder layer: layer_pre, the cache write, attention, layer_post (w4a8 weights)");
+  m.def("isa", [] { return std::string(kIsa); }, "the instruction set this build uses: avx512 or avx2");
+}
