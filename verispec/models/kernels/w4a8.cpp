@@ -1,7 +1,7 @@
 // 4-bit weights x 8-bit activations: the matmul that a 1-token decoding step and a few-token verification spend
 // their time in on a CPU. That matmul is bound by reading weights, so weights are 4 bits (groups of 32 along the
-// input, w = s * q + o, q in 0..15, s and o as 8-bit codes; see below), and activations are quantized per row to int8 so that integer
-// u8 x s8 dot products do the multiply-adds.
+// input, w = s * q + o, q in 0..15, s and o as 8-bit codes: see below), and activations are quantized per row
+// to int8 so that integer u8 x s8 dot products do the multiply-adds.
 //
 // Layout: 16 output columns share a 64-byte block, one 4-byte lane each, and each lane's 4 bytes are 4
 // consecutive inputs. With 4 bits a block of 16 columns x 8 inputs is 64 bytes: byte 4 * lane + j holds input
@@ -138,13 +138,13 @@ constexpr const char* kIsa = "avx2";
 #ifndef KROWS_AVX2
 #define KROWS_AVX2 6
 #endif
-constexpr int kRows = KROWS_AVX2;
+constexpr int kRows = KROWS_AVX2;  // rows per pass: 6 x 2 int16 sums + 4 = the 16 registers (8-bit codes)
 
 inline __m256 bf16x8(const uint16_t* p) {  // 8 bf16 values as float32: their bits, 16 places up
   return _mm256_castsi256_ps(
       _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-}  // rows per pass: 6 x 2 int16 sums + 4 = the 16 registers (8-bit codes)
-// unrolled, a 6-bit group's 4 steps run faster on one row (measured); more rows' sums then leave the registers
+}
+
 // quantize_row of the AVX-512 build, 8 lanes at a time: the same codes, sums and scale.
 inline float quantize_row(const float* x, int64_t K, int8_t* q, float* xsum) {
   const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
@@ -174,6 +174,7 @@ inline float quantize_row(const float* x, int64_t K, int8_t* q, float* xsum) {
   return scale;
 }
 
+// unrolled, a 6-bit group's 4 steps run faster on one row (measured); more rows' sums then leave the registers
 template <int R, int BITS>
 constexpr bool kUnroll = BITS == 6 && R <= 2;
 
