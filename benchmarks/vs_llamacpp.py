@@ -1,4 +1,5 @@
-"""Ours against llama.cpp, per prompt and then geometric means, from a `verispec bench --peers llama.cpp` runs.jsonl.
+"""Ours against llama.cpp (and OpenVINO GenAI where the run has it), per prompt and then geometric means, from a
+`verispec bench --peers llama.cpp[,openvino]` runs.jsonl.
 
     python benchmarks/vs_llamacpp.py benchmarks/results/<run>/runs.jsonl [CONFIG] > benchmarks/results/<run>/vs_llamacpp.md
 
@@ -6,7 +7,10 @@ Pairs each prompt's runs (same prompt, same temperature) and prints, per categor
 configuration (CONFIG's rows: `auto γ=4` by default, else `draft+ngram γ=4` in runs from before `auto` was the
 default) over llama.cpp's plain decoding, whole-request and decode-only
 (tokens after the first over the time after the first), over llama.cpp's prompt lookup, our plain decoding over
-llama.cpp's (decode only: the step), and the median time to first token of both.
+llama.cpp's (decode only: the step), and the median time to first token of both. With OpenVINO rows, a second
+table: our default over its plain decoding, its speculative decoding with the draft and its prompt lookup (whole
+request), its speculative over its plain decoding, and in how many greedy prompts its speculative output differs
+from its plain output.
 """
 import json, sys, math, collections
 path = sys.argv[1]
@@ -38,3 +42,24 @@ for T in sorted({k[2] for k in by}):  # the temperatures the run has
             if a and l and dec(a) and dec(l): pl.append(dec(a) / dec(l))
         med = lambda xs: sorted(xs)[len(xs)//2] if xs else float('nan')
         print(f"| {name} ({len(w)}) | {gm(w):.2f}× | {gm(d):.2f}× | {gm(lk):.2f}× | {gm(pl):.2f}× | {med(t1):.2f} / {med(t2):.2f} |")
+    ov = [c for c in configs if c.startswith('openvino ')]
+    if not ov:
+        continue
+    spec = next((c for c in sorted(ov) if c.startswith('openvino speculative')), None)
+    look = next((c for c in sorted(ov) if c.startswith('openvino prompt_lookup')), None)
+    print(f"\n| prompts | ours default / OpenVINO plain, whole request | / {spec or '–'} | / {look or '–'} | OpenVINO speculative / its plain | OpenVINO speculative output differs from its plain |")
+    print("|---|---|---|---|---|---|")
+    for name, sel in [("code categories", lambda c: c in code), ("all categories", lambda c: True)] + [(c, (lambda cc: (lambda c: c == cc))(c)) for c in sorted({k[1] for k in by})]:
+        p, sp, lo, own, differ, n = [], [], [], [], 0, 0
+        for (pid, cat, t), cfg in by.items():
+            if t != T or not sel(cat): continue
+            o, a, s_, l_ = cfg.get(ours), cfg.get('openvino ar'), cfg.get(spec), cfg.get(look)
+            if o and a: p.append(o['tokens_per_s'] / a['tokens_per_s'])
+            if o and s_: sp.append(o['tokens_per_s'] / s_['tokens_per_s'])
+            if o and l_: lo.append(o['tokens_per_s'] / l_['tokens_per_s'])
+            if a and s_:
+                own.append(s_['tokens_per_s'] / a['tokens_per_s'])
+                n += 1
+                differ += s_['token_ids'] != a['token_ids']
+        print(f"| {name} ({len(p)}) | {gm(p):.2f}× | {gm(sp):.2f}× | {gm(lo):.2f}× | {gm(own):.2f}× | "
+              + (f"{differ}/{n}" if T == 0 else "– (sampled)") + " |")

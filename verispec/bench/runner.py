@@ -2,12 +2,13 @@
 
 A configuration is (system, strategy, gamma, temperature). Each system is a small backend with one method,
 `run(config, prompt_ids, max_new_tokens, seed) -> Run`, that times what a streaming user sees: when each
-token arrived. Peers (Hugging Face transformers, llama.cpp) get the same token ids, the same number of new
+token arrived. Peers (Hugging Face transformers, llama.cpp, OpenVINO GenAI) get the same token ids, the same number of new
 tokens and the same end-of-sequence ids, and their sampling is reduced to plain temperature like ours.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -23,8 +24,10 @@ from verispec.models.kernels import cpu_flags
 
 @dataclass(frozen=True)
 class Config:
-    system: str  # "verispec" | "hf" | "llama.cpp"
-    strategy: str  # ours: a verispec strategy; hf: "ar" | "assisted" | "prompt_lookup"; llama.cpp: "ar" | "prompt_lookup"
+    system: str  # "verispec" | "hf" | "llama.cpp" | "openvino"
+    # ours: a verispec strategy; hf: "ar" | "assisted" | "prompt_lookup"; llama.cpp: "ar" | "prompt_lookup";
+    # openvino: "ar" | "speculative" | "prompt_lookup"
+    strategy: str
     gamma: int  # tokens proposed per round; 0 for plain decoding
     temperature: float
 
@@ -105,6 +108,15 @@ def run_from_dict(d: dict[str, Any]) -> Run:
 
 class Backend(Protocol):
     def run(self, config: Config, prompt: list[int], max_new_tokens: int, seed: int) -> Run: ...
+
+
+def _importable(module: str) -> bool:
+    """Whether an optional peer's package imports (it is an extra, not a dependency)."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
 
 
 def _timed_tokens(chunks: Iterable[list[int]], limit: int | None = None, merge_s: float = 0.0):
@@ -266,11 +278,7 @@ class LlamaCppBackend:
 
     @staticmethod
     def available() -> bool:
-        try:
-            import llama_cpp  # noqa: F401
-        except ImportError:
-            return False
-        return True
+        return _importable("llama_cpp")
 
     def _llm(self, gamma: int) -> Any:
         from llama_cpp import Llama
@@ -331,6 +339,114 @@ class LlamaCppBackend:
         return Run(
             prompt_id="", category="", config=config, rep=0, token_ids=toks, seconds=seconds, arrivals=arrivals,
             finish_reason=finish,
+        )
+
+
+# ---- OpenVINO GenAI ------------------------------------------------------------------------------------------
+OPENVINO_HINT = (
+    "openvino peer skipped: openvino-genai is not installed (pip install -e '.[openvino]')"
+)
+OPENVINO_STRATEGIES = ("ar", "speculative", "prompt_lookup")
+
+
+class OpenVinoBackend:
+    """OpenVINO GenAI, Intel's CPU runtime, on the pair as optimum-intel exports it (int4 weights; made once by
+    benchmarks/openvino_export.sh): plain decoding, its speculative decoding with the draft, and its prompt lookup.
+    The prompt goes in as our token ids; sampling is plain temperature, seeded per run as ours is."""
+
+    def __init__(self, target_dir, draft_dir, eos_ids: Sequence[int], threads: int, ngram_max: int = 3) -> None:
+        self.target_dir, self.draft_dir = str(target_dir), None if draft_dir is None else str(draft_dir)
+        self.eos_ids, self.threads, self.ngram_max = set(eos_ids), threads, ngram_max
+        self._pipes: dict[str, Any] = {}
+
+    @staticmethod
+    def available() -> bool:
+        return _importable("openvino_genai")
+
+    def _pipe(self, strategy: str) -> Any:
+        import openvino_genai as ov_genai
+
+        if strategy not in self._pipes:
+            threads = {"INFERENCE_NUM_THREADS": self.threads}
+            # its pipelines run on a continuous-batching scheduler that caches prompt prefixes by default; a bench
+            # runs each prompt once per configuration and temperature, so the cache would hand the later runs a
+            # free prefill (0.05-0.13 s against 0.65-0.7 s for 110 tokens): off, as ours has none
+            extra: dict[str, Any] = {"scheduler_config": ov_genai.SchedulerConfig()}
+            if strategy == "speculative":
+                if self.draft_dir is None:
+                    raise ValueError("openvino speculative decoding needs an exported draft model")
+                extra["draft_model"] = ov_genai.draft_model(self.draft_dir, "CPU", **threads)
+            elif strategy == "prompt_lookup":
+                extra["prompt_lookup"] = True
+            self._pipes[strategy] = ov_genai.LLMPipeline(self.target_dir, "CPU", **extra, **threads)
+        return self._pipes[strategy]
+
+    def run(self, config: Config, prompt: list[int], max_new_tokens: int, seed: int) -> Run:
+        import numpy as np
+        import openvino as ov
+        import openvino_genai as ov_genai
+
+        if config.strategy not in OPENVINO_STRATEGIES:
+            raise ValueError(f"unknown openvino strategy {config.strategy!r}")
+        pipe = self._pipe(config.strategy)
+        gen = pipe.get_generation_config()
+        gen.max_new_tokens = max_new_tokens
+        gen.stop_token_ids = self.eos_ids
+        gen.do_sample = config.temperature > 0
+        if gen.do_sample:
+            gen.temperature, gen.top_p, gen.rng_seed = config.temperature, 1.0, seed
+        gen.repetition_penalty = 1.0
+        if config.strategy != "ar":
+            gen.num_assistant_tokens = max(config.gamma, 1)
+        if config.strategy == "prompt_lookup":
+            gen.max_ngram_size = self.ngram_max
+        chunks: list[tuple[float, list[int]]] = []
+        eos = self.eos_ids
+
+        class Timer(ov_genai.StreamerBase):  # called as tokens are accepted: one chunk per round or per token
+            def write(self, token) -> Any:
+                chunks.append((time.perf_counter() - t0, [int(t) for t in (token if isinstance(token, list) else [token])]))
+                return ov_genai.StreamingStatus.RUNNING
+
+            def end(self) -> None:
+                pass
+
+        ids = np.array([prompt], dtype=np.int64)
+        inputs = ov_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
+        for attempt in range(2):
+            chunks.clear()
+            t0 = time.perf_counter()
+            try:
+                pipe.generate(inputs, gen, Timer())
+                break
+            except RuntimeError:
+                # openvino-genai 2026.4.1: a pipeline's first sampled speculative generation of more than a few
+                # tokens fails a check ("content_length <= prompt_ids.size() + m_generated_ids.size()",
+                # sequence_group.cpp) on any seed, and the same call then runs; a second failure is reported
+                if attempt or not (gen.do_sample and config.strategy == "speculative"):
+                    raise
+        seconds = time.perf_counter() - t0
+        tokens: list[int] = []
+        arrivals: list[tuple[float, int]] = []
+        finish = "length"
+        for at, chunk in chunks:
+            if finish == "eos":
+                break
+            kept = []
+            for t in chunk:
+                if t in eos:  # ours does not count the end-of-sequence token as output
+                    finish = "eos"
+                    break
+                kept.append(t)
+            if kept:
+                if arrivals and at - arrivals[-1][0] < 0.002:  # one verification's tokens, streamed one by one
+                    arrivals[-1] = (arrivals[-1][0], arrivals[-1][1] + len(kept))
+                else:
+                    arrivals.append((at, len(kept)))
+                tokens += kept
+        return Run(
+            prompt_id="", category="", config=config, rep=0, token_ids=tokens[:max_new_tokens], seconds=seconds,
+            arrivals=arrivals, finish_reason=finish,
         )
 
 

@@ -14,14 +14,16 @@ from typing import Any
 
 import torch
 
-from verispec.bench.runner import LLAMA_CPP_HINT, Config, HFBackend, LlamaCppBackend, Run, VerispecBackend, run_bench
+from verispec.bench.runner import (
+    LLAMA_CPP_HINT, OPENVINO_HINT, Config, HFBackend, LlamaCppBackend, OpenVinoBackend, Run, VerispecBackend, run_bench,
+)
 from verispec.cli.common import comma_list, fail, finite
 from verispec.cli.options import (
     add_config_option, add_model_options, add_strategy_options, draft_dtype_of, draft_vocab_of, load_models,
     resolve_dtype, strategy_options,
 )
 
-PEERS = ("hf", "llama.cpp")
+PEERS = ("hf", "llama.cpp", "openvino")
 
 
 def add_parser(sub, default_target: str, default_draft: str) -> None:
@@ -39,7 +41,9 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     b.add_argument("--categories", default=None, help="comma list of categories to run (default: all)")
     b.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
     b.add_argument("--repeats", type=int, default=1, help="times each configuration runs on each prompt")
-    b.add_argument("--peers", default="", help="comma list of peers to run beside ours: hf (transformers plain and assisted generation), llama.cpp (plain and prompt lookup; needs llama-cpp-python)")
+    b.add_argument("--peers", default="", help="comma list of peers to run beside ours: hf (transformers plain and assisted generation), llama.cpp (plain and prompt lookup; needs llama-cpp-python), openvino (OpenVINO GenAI plain, speculative with the draft, and prompt lookup; needs the [openvino] extra and the pair exported by benchmarks/openvino_export.sh)")
+    b.add_argument("--openvino-dir", default=None, metavar="DIR",
+                   help="where the openvino peer finds the exported pair, as NAME-int4 directories named after --target and --draft (default: the verispec cache's openvino/)")
     b.add_argument("--seed", type=int, default=0, help="base seed of the sampled runs")
     b.add_argument("--costs", action="store_true", help="also measure the target's verification-cost curve (1-16 tokens) and the memory-bandwidth limit")
     b.add_argument("--synthetic", type=finite, default=None, metavar="ERROR_RATE",
@@ -55,7 +59,8 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
 def build_configs(strategies: list[str], gammas: list[int], temperatures: list[float], peers: list[str]) -> list[Config]:
     """Ours first (ar, then each drafting strategy at each gamma), then the peers', for every temperature.
     transformers runs assisted generation when a strategy of ours uses the draft model, and its prompt lookup
-    when one uses n-grams; llama.cpp runs its prompt lookup (its Python API has no draft-model mode)."""
+    when one uses n-grams; llama.cpp runs its prompt lookup (its Python API has no draft-model mode); OpenVINO GenAI
+    runs its speculative decoding with the draft when a strategy of ours uses one, and its prompt lookup."""
     from verispec.strategies import get
 
     configs: list[Config] = []
@@ -71,7 +76,21 @@ def build_configs(strategies: list[str], gammas: list[int], temperatures: list[f
         if "llama.cpp" in peers:
             configs.append(Config("llama.cpp", "ar", 0, t))
             configs += [Config("llama.cpp", "prompt_lookup", g, t) for g in gammas]
+        if "openvino" in peers:
+            configs.append(Config("openvino", "ar", 0, t))
+            if any(get(s).needs_draft for s in strategies):
+                configs += [Config("openvino", "speculative", g, t) for g in gammas]
+            configs += [Config("openvino", "prompt_lookup", g, t) for g in gammas]
     return configs
+
+
+def openvino_dir(spec: str, root: str | None) -> Path:
+    """Where the openvino peer expects model `spec` as optimum-intel exports it: ROOT/NAME-int4, NAME the packaged
+    name (or the file or directory's own name), ROOT --openvino-dir or the verispec cache's openvino/."""
+    from verispec.models.files import cache_dir
+
+    name = Path(spec).name.removesuffix(".gguf")
+    return (Path(root).expanduser() if root else cache_dir() / "openvino") / f"{name}-int4"
 
 
 def _gguf_path(spec: str) -> Path | None:
@@ -224,6 +243,20 @@ def run(args: argparse.Namespace) -> int:
             peers.remove("llama.cpp")
         else:
             backends["llama.cpp"] = LlamaCppBackend(gguf, tok.eos_ids, threads=torch.get_num_threads())
+    if "openvino" in peers:
+        ov_target = openvino_dir(args.target, args.openvino_dir)
+        ov_draft = openvino_dir(args.draft, args.openvino_dir) if draft is not None else None
+        missing = [d for d in (ov_target, ov_draft) if d is not None and not (d / "openvino_model.xml").is_file()]
+        if not OpenVinoBackend.available():
+            print(OPENVINO_HINT, file=sys.stderr)
+            peers.remove("openvino")
+        elif missing:
+            print(f"openvino peer skipped: no exported model in {', '.join(map(str, missing))} (make them once with "
+                  "benchmarks/openvino_export.sh)", file=sys.stderr)
+            peers.remove("openvino")
+        else:
+            backends["openvino"] = OpenVinoBackend(ov_target, ov_draft, tok.eos_ids, threads=torch.get_num_threads(),
+                                                   ngram_max=options.ngram_max)
     configs = build_configs(strategies, gammas, temperatures, peers)
 
     vocab = draft_vocab_of(args)
