@@ -29,6 +29,8 @@ def main() -> None:
     ap.add_argument("b", help="second kernel source")
     ap.add_argument("--isa", default="avx512", choices=list(ISA_CFLAGS))
     ap.add_argument("--shapes", default="8960x1536,1536x8960", help="out x in, comma list")
+    ap.add_argument("--rows", default="1,5", help="rows (tokens) of x, comma list")
+    ap.add_argument("--bits", default="4,8", help="weight bits, comma list (4, 6, 8)")
     args = ap.parse_args()
     mods = {}
     here = Path(kernels.__file__).parent  # the other sources and the headers, as the package builds them
@@ -43,9 +45,9 @@ def main() -> None:
     torch.manual_seed(0)
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
-        for bits in (4, 8):
+        for bits in (int(b) for b in args.bits.split(",")):
             mats = [W4A8Linear(torch.nn.Linear(k, n, bias=False), bits=bits) for _ in range(8)]
-            for rows in (1, 5):
+            for rows in (int(r) for r in args.rows.split(",")):
                 x = torch.randn(rows, k)
 
                 def call(tag: str, q: W4A8Linear) -> torch.Tensor:

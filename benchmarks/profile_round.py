@@ -3,10 +3,13 @@
     python benchmarks/profile_round.py --dtypes bfloat16,int8,int4 --strategies ar,draft,adaptive \
         --gamma 4 --max-new-tokens 128 --limit 2
     python benchmarks/profile_round.py --dtypes bfloat16 --draft-dtype int8,int4 --strategies ar,draft
+    python benchmarks/profile_round.py --dtypes w4a8 --draft-vocab 65536 --strategies ar,auto,auto+curve \
+        --verify-cost 1:1,2:1.42,3:1.68,5:2.12 --limit 1 --categories code_completion,...
 
 Runs each (precision, strategy) on the suite's code prompts (greedy), interleaved per prompt, and prints one
 Markdown table: tokens/s, mean accepted length, and per round the ms spent drafting, in the target's forward,
-verifying, and elsewhere (the loop itself). Every precision's `ar` row is the baseline for its speedups: a
+verifying, and elsewhere (the loop itself). A strategy written NAME+curve runs NAME planning with the
+--verify-cost curve instead of the one verispec.defaults gives this CPU (an A/B of that curve). Every precision's `ar` row is the baseline for its speedups: a
 quantized target is a different model, and speculation is lossless relative to the target as run.
 """
 
@@ -46,6 +49,8 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--ngram-min", type=int, default=None, help="draft+ngram: shortest suffix match that uses the n-gram proposal (default: the strategy's)")
     ap.add_argument("--categories", default="code_completion,code_instruct")
+    ap.add_argument("--verify-cost", default=None, metavar="K:COST,...",
+                    help="the verification-cost curve (k tokens: cost in one-token forwards) of NAME+curve strategies")
     ap.add_argument("--limit", type=int, default=2, help="prompts per category")
     args = ap.parse_args()
 
@@ -74,8 +79,20 @@ def main() -> int:
                for dd in ([None] if s == "ar" else draft_dtypes[d])]
     rows: dict[tuple[str, str | None, str], list] = {c: [] for c in configs}
 
+    import verispec.strategies
+    from verispec.theory import interpolate_cost
+
+    default_cost = verispec.strategies.verify_cost_of
+    curve = interpolate_cost([(int(k), float(v)) for k, v in (p.split(":") for p in args.verify_cost.split(","))]) \
+        if args.verify_cost else None
+
     def run(dtype: str, ddtype: str | None, strategy: str, prompt: list[int], max_new: int):
         target = targets[dtype]
+        strategy, plus, _ = strategy.partition("+curve")
+        if plus and curve is None:
+            raise SystemExit(f"{strategy}+curve needs --verify-cost")
+        # the strategy is built here, so the curve it plans with is chosen per run
+        verispec.strategies.verify_cost_of = (lambda model: curve) if plus else default_cost
         gamma = 2 * args.gamma if strategy == "adaptive" else args.gamma
         name, _, context = strategy.partition("/")
         proposer = make_proposer(name, target, drafts.get(ddtype), len(prompt) + max_new + gamma + 2,
