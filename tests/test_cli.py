@@ -306,9 +306,10 @@ def test_serve_defaults_are_generates(capsys, monkeypatch, extra):
     """serve hands the server the strategy and gamma generate would use, for every precision and device."""
     import verispec.server
     from verispec.cli import build_parser
-    from verispec.cli.options import gamma_of
+    from verispec.cli.options import gamma_of, resolve_dtype
 
     gen = build_parser().parse_args(["generate", "hi", *extra])
+    resolve_dtype(gen)  # as generate does before it reads the gamma (the default depends on the precision)
     seen = {}
 
     def settings(**kw):
@@ -375,7 +376,8 @@ def test_defaults_module():
 
     assert DEFAULT_STRATEGY in STRATEGIES
     assert default_gamma("bfloat16", "cpu") == 8 and default_gamma("float32", "cpu") == 8
-    assert default_gamma("w4a8", "cpu") == 4 and default_gamma("bfloat16", "cuda") == 4
+    assert default_gamma("w4a8", "cpu", "avx2") == 4 and default_gamma("bfloat16", "cuda") == 4
+    assert default_gamma("w4a8", "cpu", "avx512") == 6 and default_gamma("w4a8", "cpu") == 4
     assert default_draft_dtype("bfloat16", "cpu") == "int4" and default_draft_dtype("w8a8", "cpu") == "int4"
     assert default_draft_dtype("w4a8", "cpu") == "w4a8-4bit" and default_draft_dtype("float32", "cpu") == "float32"
     assert default_draft_dtype("bfloat16", "cuda") == "bfloat16"

@@ -43,18 +43,26 @@ def default_dtype(device: str = DEFAULT_DEVICE, kernel_isas: tuple[str, ...] | l
     return "w4a8" if device == "cpu" and kernel_isas else DEFAULT_DTYPE
 
 
-def default_gamma(dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE) -> int:
-    """Tokens drafted per round when none is asked for.
+def default_gamma(dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE, kernel_isa: str | None = None) -> int:
+    """Tokens drafted per round when none is asked for (`auto` chooses each round's length up to it).
 
     γ = 8 where verification is nearly free: a bfloat16 or float32 target on a CPU is bound by reading 3 GB of
     weights, so 9 tokens cost ~1.3x one (benchmarks/results/2026-11-23-epyc-avx512-bf16-draft-ngram-gamma: 2.55x
-    over plain against 2.33x with γ = 4, 10 code prompts). A quantized target's few-row matmuls are
-    compute-bound (w4a8: 1.75x for 8 tokens), and 4 measured best there; 4 elsewhere too (GPU).
+    over plain against 2.33x with γ = 4, 10 code prompts). A w4a8 target's few-row matmuls are compute-bound: with
+    the AVX-512 VNNI build (kernel_isa "avx512") 4 tokens cost 1.06x a step and 8 1.47x on an AMD EPYC, and `auto`
+    capped at 6 decoded 1.35x / 1.42x our plain decoding greedy against 1.34x / 1.40x at 4, and 1.38x / 1.42x
+    against 1.31x / 1.39x at T = 0.7 (two runs of 18 suite prompts; 8: 1.31x, 1.33x; benchmarks/results/
+    2026-11-26-epyc-avx512-auto-gamma-cap*). The AVX2 build's verification costs more (1.4x a step for 2 tokens
+    on that CPU), and 4 stays there and elsewhere (GPU).
 
-    >>> default_gamma("bfloat16", "cpu"), default_gamma("w4a8", "cpu"), default_gamma("bfloat16", "cuda")
-    (8, 4, 4)
+    >>> default_gamma("bfloat16", "cpu"), default_gamma("w4a8", "cpu", "avx512"), default_gamma("w4a8", "cpu", "avx2")
+    (8, 6, 4)
+    >>> default_gamma("bfloat16", "cuda")
+    4
     """
-    return 8 if device == "cpu" and dtype in ("bfloat16", "float32") else 4
+    if device == "cpu" and dtype in ("bfloat16", "float32"):
+        return 8
+    return 6 if device == "cpu" and (dtype or "").startswith("w4a8") and kernel_isa == "avx512" else 4
 
 
 def default_draft_dtype(dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE) -> str:

@@ -84,21 +84,25 @@ def resolve_dtype(args: argparse.Namespace) -> bool:
     return True
 
 
-def announce_defaults(args: argparse.Namespace, strategy: str, needs_draft: bool) -> None:
-    """One line on stderr saying which configuration the machine's defaults chose."""
+def _kernel_isa_of(args: argparse.Namespace) -> str | None:
+    """The w4a8 kernel build a w4a8 target runs on here (None: another precision, or no build runs)."""
     from verispec.models.kernels import KernelError, kernel_isa
 
     try:
-        isa = kernel_isa() if args.dtype.startswith("w4a8") else None
+        return kernel_isa() if (args.dtype or "").startswith("w4a8") else None
     except KernelError:
-        isa = None
-    print(describe(args.dtype, draft_dtype_of(args) if needs_draft else None, strategy, gamma_of(args), isa,
-                   draft_vocab_of(args) if needs_draft else None), file=sys.stderr)
+        return None
+
+
+def announce_defaults(args: argparse.Namespace, strategy: str, needs_draft: bool) -> None:
+    """One line on stderr saying which configuration the machine's defaults chose."""
+    print(describe(args.dtype, draft_dtype_of(args) if needs_draft else None, strategy, gamma_of(args),
+                   _kernel_isa_of(args), draft_vocab_of(args) if needs_draft else None), file=sys.stderr)
 
 
 def gamma_of(args: argparse.Namespace) -> int:
-    """--gamma, else the default for this target precision and device (verispec.defaults)."""
-    return args.gamma if args.gamma is not None else default_gamma(args.dtype, args.device)
+    """--gamma, else the default for this target precision, device and kernel build (verispec.defaults)."""
+    return args.gamma if args.gamma is not None else default_gamma(args.dtype, args.device, _kernel_isa_of(args))
 
 
 def add_model_options(p: argparse.ArgumentParser, default_target: str, default_draft: str | None = None,
