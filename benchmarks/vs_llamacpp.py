@@ -24,12 +24,13 @@ configs = {r['config'] for r in rows}
 ours = sys.argv[2] if len(sys.argv) > 2 else 'auto γ=4' if 'auto γ=4' in configs else 'draft+ngram γ=4'
 print(f"ours default: the `{ours}` rows")
 code = {"code_completion", "code_instruct", "code_edit"}
+groups = [("code categories", lambda c: c in code), ("all categories", lambda c: True)] + [(c, (lambda cc: (lambda c: c == cc))(c)) for c in sorted({k[1] for k in by})]  # (name, category test) rows of each table
 def gm(xs): return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float('nan')
 for T in sorted({k[2] for k in by}):  # the temperatures the run has
     print(f"\n## T={T}")
     print("| prompts | ours default / llama.cpp plain, whole request | decode | ours default / llama.cpp prompt lookup (whole) | ours plain / llama.cpp plain (decode) | TTFT ours default / llama.cpp (median s) |")
     print("|---|---|---|---|---|---|")
-    for name, sel in [("code categories", lambda c: c in code), ("all categories", lambda c: True)] + [(c, (lambda cc: (lambda c: c == cc))(c)) for c in sorted({k[1] for k in by})]:
+    for name, sel in groups:
         w, d, lk, pl, t1, t2 = [], [], [], [], [], []
         for (pid, cat, t), cfg in by.items():
             if t != T or not sel(cat): continue
@@ -49,7 +50,7 @@ for T in sorted({k[2] for k in by}):  # the temperatures the run has
     look = next((c for c in sorted(ov) if c.startswith('openvino prompt_lookup')), None)
     print(f"\n| prompts | ours default / OpenVINO plain, whole request | / {spec or '–'} | / {look or '–'} | OpenVINO speculative / its plain | OpenVINO speculative output differs from its plain |")
     print("|---|---|---|---|---|---|")
-    for name, sel in [("code categories", lambda c: c in code), ("all categories", lambda c: True)] + [(c, (lambda cc: (lambda c: c == cc))(c)) for c in sorted({k[1] for k in by})]:
+    for name, sel in groups:
         p, sp, lo, own, differ, n = [], [], [], [], 0, 0
         for (pid, cat, t), cfg in by.items():
             if t != T or not sel(cat): continue

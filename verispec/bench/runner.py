@@ -9,6 +9,7 @@ tokens and the same end-of-sequence ids, and their sampling is reduced to plain 
 from __future__ import annotations
 
 import importlib
+import itertools
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -119,14 +120,13 @@ def _importable(module: str) -> bool:
     return True
 
 
-def _timed_tokens(chunks: Iterable[list[int]], limit: int | None = None, merge_s: float = 0.0):
-    """Drain an iterator of token chunks -> (tokens, arrivals, seconds). Arrivals closer than merge_s to the
-    previous one are counted with it (a peer that yields the tokens of one verification one by one)."""
+def _arrivals(timed: Iterable[tuple[float, list[int]]], limit: int | None = None,
+              merge_s: float = 0.0) -> tuple[list[int], list[tuple[float, int]]]:
+    """(seconds since start, token chunk) pairs -> (tokens, arrivals), at most `limit` tokens. Arrivals closer than
+    merge_s to the previous one are counted with it (a peer that yields the tokens of one verification one by one)."""
     tokens: list[int] = []
     arrivals: list[tuple[float, int]] = []
-    t0 = time.perf_counter()
-    for chunk in chunks:
-        now = time.perf_counter() - t0
+    for now, chunk in timed:
         if limit is not None:
             chunk = chunk[: limit - len(tokens)]
         if not chunk:
@@ -138,6 +138,13 @@ def _timed_tokens(chunks: Iterable[list[int]], limit: int | None = None, merge_s
             arrivals.append((now, len(chunk)))
         if limit is not None and len(tokens) >= limit:
             break
+    return tokens, arrivals
+
+
+def _timed_tokens(chunks: Iterable[list[int]], limit: int | None = None, merge_s: float = 0.0):
+    """Drain an iterator of token chunks, timing each as it arrives -> (tokens, arrivals, seconds)."""
+    t0 = time.perf_counter()
+    tokens, arrivals = _arrivals(((time.perf_counter() - t0, chunk) for chunk in chunks), limit, merge_s)
     return tokens, arrivals, time.perf_counter() - t0
 
 
@@ -401,7 +408,6 @@ class OpenVinoBackend:
         if config.strategy == "prompt_lookup":
             gen.max_ngram_size = self.ngram_max
         chunks: list[tuple[float, list[int]]] = []
-        eos = self.eos_ids
 
         class Timer(ov_genai.StreamerBase):  # called as tokens are accepted: one chunk per round or per token
             def write(self, token) -> Any:
@@ -426,27 +432,21 @@ class OpenVinoBackend:
                 if attempt or not (gen.do_sample and config.strategy == "speculative"):
                     raise
         seconds = time.perf_counter() - t0
-        tokens: list[int] = []
-        arrivals: list[tuple[float, int]] = []
         finish = "length"
-        for at, chunk in chunks:
-            if finish == "eos":
-                break
-            kept = []
-            for t in chunk:
-                if t in eos:  # ours does not count the end-of-sequence token as output
-                    finish = "eos"
-                    break
-                kept.append(t)
-            if kept:
-                if arrivals and at - arrivals[-1][0] < 0.002:  # one verification's tokens, streamed one by one
-                    arrivals[-1] = (arrivals[-1][0], arrivals[-1][1] + len(kept))
-                else:
-                    arrivals.append((at, len(kept)))
-                tokens += kept
+
+        def until_eos() -> Iterable[tuple[float, list[int]]]:  # ours does not count the end-of-sequence token
+            nonlocal finish
+            for at, chunk in chunks:
+                kept = list(itertools.takewhile(lambda t: t not in self.eos_ids, chunk))
+                finish = "eos" if len(kept) < len(chunk) else finish
+                yield at, kept
+                if finish == "eos":
+                    return
+
+        tokens, arrivals = _arrivals(until_eos(), limit=max_new_tokens, merge_s=0.002)
         return Run(
-            prompt_id="", category="", config=config, rep=0, token_ids=tokens[:max_new_tokens], seconds=seconds,
-            arrivals=arrivals, finish_reason=finish,
+            prompt_id="", category="", config=config, rep=0, token_ids=tokens, seconds=seconds, arrivals=arrivals,
+            finish_reason=finish,
         )
 
 
