@@ -1,10 +1,11 @@
-"""A/B two versions of the w4a8 kernel source with the same compiler flags: bit-identity, then ms per matmul.
+"""A/B two (or more) versions of the w4a8 kernel source with the same compiler flags: bit-identity, then ms per matmul.
 
     git show HEAD:verispec/models/kernels/w4a8.cpp > /tmp/old.cpp
-    python benchmarks/kernel_ab.py /tmp/old.cpp verispec/models/kernels/w4a8.cpp [--isa avx512|avx2]
+    python benchmarks/kernel_ab.py /tmp/old.cpp verispec/models/kernels/w4a8.cpp [more.cpp ...] [--isa avx512|avx2]
 
-Each matrix shape runs with 8 weight copies cycled (more than the L3), both versions interleaved, median of 15.
-Prints GB/s of weights and scales read by the second version. On a shared machine compare within one run only.
+Each matrix shape runs with 8 weight copies cycled (more than the L3), the versions interleaved (the order reversed
+every other repetition), median of 15. Prints each version's ms over the first's and the GB/s of weights and scales
+read by the last. On a shared machine compare within one run only.
 """
 
 from __future__ import annotations
@@ -25,16 +26,18 @@ from verispec.models.quant import W4A8Linear
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("a", help="first kernel source (the baseline)")
-    ap.add_argument("b", help="second kernel source")
+    ap.add_argument("sources", nargs="+", metavar="SOURCE", help="kernel sources, the first the baseline (at least 2)")
     ap.add_argument("--isa", default="avx512", choices=list(ISA_CFLAGS))
     ap.add_argument("--shapes", default="8960x1536,1536x8960", help="out x in, comma list")
     ap.add_argument("--rows", default="1,5", help="rows (tokens) of x, comma list")
     ap.add_argument("--bits", default="4,8", help="weight bits, comma list (4, 6, 8)")
     args = ap.parse_args()
+    if len(args.sources) < 2:
+        ap.error("give at least two kernel sources")
+    tags = [chr(ord("a") + i) for i in range(len(args.sources))]
     mods = {}
     here = Path(kernels.__file__).parent  # the other sources and the headers, as the package builds them
-    for tag, src in (("a", args.a), ("b", args.b)):
+    for tag, src in zip(tags, args.sources):
         build = Path(tempfile.mkdtemp(prefix=f"kernel-ab-{tag}-"))
         copy = build / f"w4a8_{tag}.cpp"
         copy.write_text(Path(src).read_text())
@@ -53,19 +56,22 @@ def main() -> None:
                 def call(tag: str, q: W4A8Linear) -> torch.Tensor:
                     return mods[tag].w4a8_mm(x, *q.operands()[:3], torch.empty(0))
 
-                assert torch.equal(call("a", mats[0]), call("b", mats[0])), "the versions are not bit-identical"
-                times: dict[str, list[float]] = {"a": [], "b": []}
+                first = call("a", mats[0])
+                for tag in tags[1:]:
+                    assert torch.equal(first, call(tag, mats[0])), f"version {tag} is not bit-identical to a"
+                times: dict[str, list[float]] = {tag: [] for tag in tags}
                 for rep in range(15):
-                    for tag in ("a", "b") if rep % 2 else ("b", "a"):
+                    for tag in tags if rep % 2 else tags[::-1]:
                         t0 = time.perf_counter()
                         for q in mats:
                             call(tag, q)
                         times[tag].append((time.perf_counter() - t0) / len(mats) * 1e3)
-                a, b = statistics.median(times["a"]), statistics.median(times["b"])
+                ms = {tag: statistics.median(times[tag]) for tag in tags}
                 nbytes = sum(t.numel() * t.element_size() for t in mats[0].operands()[:3])
-                print(f"{args.isa} {n}x{k} {bits}-bit, {rows} row(s): a {a:.3f} ms, b {b:.3f} ms, b/a {b / a:.2f} "
-                      f"({nbytes / 1e6:.1f} MB: {nbytes / b / 1e6:.1f} GB/s)", flush=True)
-
+                cells = ", ".join(f"{tag} {ms[tag]:.3f} ms" for tag in tags)
+                ratios = ", ".join(f"{tag}/a {ms[tag] / ms['a']:.2f}" for tag in tags[1:])
+                print(f"{args.isa} {n}x{k} {bits}-bit, {rows} row(s): {cells}, {ratios} "
+                      f"({nbytes / 1e6:.1f} MB: {nbytes / ms[tags[-1]] / 1e6:.1f} GB/s)", flush=True)
 
 if __name__ == "__main__":
     main()

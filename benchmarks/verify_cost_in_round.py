@@ -12,17 +12,27 @@ from __future__ import annotations
 
 import argparse
 import collections
+import platform
 import statistics
 import time
 
 import verispec.batch as batch
 from verispec.bench.suite import load_prompts
 from verispec.engine import GenerationParams, generate
-from verispec.models.kernels import cpu_flags, cpu_vendor, kernel_isa
+from verispec.models.kernels import cpu_flags, kernel_isa
 from verispec.models.load import default_threads, load
 from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
 from verispec.models.quant import truncate_head
 from verispec.strategies import StrategyOptions, make_proposer
+
+
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (the processor string elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), platform.processor())
+    except OSError:
+        return platform.processor()
 
 
 def main() -> int:
@@ -55,7 +65,7 @@ def main() -> int:
             generate(target.model, ids, GenerationParams(max_new_tokens=32, gamma=1, eos_ids=tuple(tok.eos_ids)), None)
     base = statistics.median(times[1])
     vnni = "avx512_vnni" if "avx512_vnni" in cpu_flags() else "no avx512_vnni"
-    print(f"{cpu_vendor()}, {vnni}, kernel build {kernel_isa()}; {args.category} prompt, {args.reps} repetitions\n")
+    print(f"{cpu_model()}, {vnni}, kernel build {kernel_isa()}; {args.category} prompt, {args.reps} repetitions\n")
     print("| tokens a forward | forwards | median ms | × one token |\n|---|---|---|---|")
     for k, v in sorted(times.items()):
         if len(v) >= 5:
