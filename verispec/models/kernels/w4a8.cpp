@@ -48,8 +48,11 @@ constexpr int kUnitGroups = 8;  // groups of 32 inputs that share a unit
 // Bytes ahead of the weights being read, prefetched into L2: without it ~80% of the bandwidth was reached; into L1
 // (as until 2026-11-25, 8 KB ahead) a one-token forward of the 1.5B target took 8% longer on an Intel Xeon (AVX-512
 // build), where L2 holds more misses in flight. The AVX2 build's many-row blocks are bound by their int16
-// arithmetic, and ran 4% slower so; they keep L1.
+// arithmetic; they prefetch into L1, kPrefetchL1 ahead: 16 KB ahead there (half of L1) overlapped the reads with
+// the arithmetic worse, and 2-5 rows over cold weights took 5-21% longer on an AMD EPYC (Zen 4) than 2-6 KB ahead
+// (benchmarks/results/2026-11-27-epyc-avx2build-prefetch). The AVX-512 build's were 0-19% slower so: it keeps L2.
 constexpr int kPrefetch = 16384;
+constexpr int kPrefetchL1 = 4096;
 
 inline int32_t x4(const int8_t* x) { return *reinterpret_cast<const int32_u*>(x); }
 
@@ -188,8 +191,10 @@ void block(const uint8_t* w, const uint8_t* c, const uint16_t* u, const int8_t* 
   for (int64_t g = 0; g < G; ++g) {
     constexpr int kGroupBytes = 16 * 32 * BITS / 8;
     const uint8_t* wg = w + g * kGroupBytes;
-    for (int t = 0; t < kGroupBytes; t += 64)  // L2 for one row (bound by memory), L1 for more (by arithmetic)
-      _mm_prefetch(reinterpret_cast<const char*>(wg + kPrefetch + t), R == 1 ? _MM_HINT_T1 : _MM_HINT_T0);
+    for (int t = 0; t < kGroupBytes; t += 64) {  // L2 for one row (bound by memory), L1 for more (by arithmetic)
+      if constexpr (R == 1) _mm_prefetch(reinterpret_cast<const char*>(wg + kPrefetch + t), _MM_HINT_T1);
+      else _mm_prefetch(reinterpret_cast<const char*>(wg + kPrefetchL1 + t), _MM_HINT_T0);
+    }
     const int8_t* xg = xq + g * 32;
     for (int h = 0; h < 2; ++h) {  // a half is 8 columns; the second half's bytes are in L1 by then
       // int16 sums of u8 x s8 pairs; with 8 bits, lo holds the low nibbles' and hi the high nibbles'; with 6, d32
