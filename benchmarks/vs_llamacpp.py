@@ -4,8 +4,8 @@
     python benchmarks/vs_llamacpp.py benchmarks/results/<run>/runs.jsonl [CONFIG] > benchmarks/results/<run>/vs_llamacpp.md
 
 Pairs each prompt's runs (same prompt, same temperature) and prints, per category group: our default
-configuration (CONFIG's rows: `auto γ=4` by default, else `draft+ngram γ=4` in runs from before `auto` was the
-default) over llama.cpp's plain decoding, whole-request and decode-only
+configuration (CONFIG's rows: `auto γ=N` by default, else `draft+ngram γ=4` in runs from before `auto` was the
+default; llama.cpp's prompt lookup at the run's γ) over llama.cpp's plain decoding, whole-request and decode-only
 (tokens after the first over the time after the first), over llama.cpp's prompt lookup, our plain decoding over
 llama.cpp's (decode only: the step), and the median time to first token of both. With OpenVINO rows, a second
 table: our default over its plain decoding, its speculative decoding with the draft and its prompt lookup (whole
@@ -21,7 +21,9 @@ by = collections.defaultdict(dict)
 for r in rows:
     by[(r['prompt_id'], r['category'], r['temperature'])][r['config']] = r
 configs = {r['config'] for r in rows}
-ours = sys.argv[2] if len(sys.argv) > 2 else 'auto γ=4' if 'auto γ=4' in configs else 'draft+ngram γ=4'
+first = lambda prefix: next((c for c in sorted(configs) if c.startswith(prefix)), None)  # the run's config of that name, at its γ
+ours = sys.argv[2] if len(sys.argv) > 2 else first('auto γ=') or 'draft+ngram γ=4'
+lookup = first('llama.cpp prompt_lookup')
 print(f"ours default: the `{ours}` rows")
 code = {"code_completion", "code_instruct", "code_edit"}
 groups = [("code categories", lambda c: c in code), ("all categories", lambda c: True)] + [(c, (lambda cc: (lambda c: c == cc))(c)) for c in sorted({k[1] for k in by})]  # (name, category test) rows of each table
@@ -34,7 +36,7 @@ for T in sorted({k[2] for k in by}):  # the temperatures the run has
         w, d, lk, pl, t1, t2 = [], [], [], [], [], []
         for (pid, cat, t), cfg in by.items():
             if t != T or not sel(cat): continue
-            o, l, lp, a = cfg.get(ours), cfg.get('llama.cpp ar'), cfg.get('llama.cpp prompt_lookup γ=4'), cfg.get('ar')
+            o, l, lp, a = cfg.get(ours), cfg.get('llama.cpp ar'), cfg.get(lookup), cfg.get('ar')
             if o and l:
                 w.append(o['tokens_per_s'] / l['tokens_per_s'])
                 if dec(o) and dec(l): d.append(dec(o) / dec(l))
@@ -46,8 +48,7 @@ for T in sorted({k[2] for k in by}):  # the temperatures the run has
     ov = [c for c in configs if c.startswith('openvino ')]
     if not ov:
         continue
-    spec = next((c for c in sorted(ov) if c.startswith('openvino speculative')), None)
-    look = next((c for c in sorted(ov) if c.startswith('openvino prompt_lookup')), None)
+    spec, look = first('openvino speculative'), first('openvino prompt_lookup')
     print(f"\n| prompts | ours default / OpenVINO plain, whole request | / {spec or '–'} | / {look or '–'} | OpenVINO speculative / its plain | OpenVINO speculative output differs from its plain |")
     print("|---|---|---|---|---|---|")
     for name, sel in groups:
