@@ -73,5 +73,6 @@ def main() -> None:
                 print(f"{args.isa} {n}x{k} {bits}-bit, {rows} row(s): {cells}, {ratios} "
                       f"({nbytes / 1e6:.1f} MB: {nbytes / ms[tags[-1]] / 1e6:.1f} GB/s)", flush=True)
 
+
 if __name__ == "__main__":
     main()

@@ -12,27 +12,17 @@ from __future__ import annotations
 
 import argparse
 import collections
-import platform
 import statistics
 import time
 
 import verispec.batch as batch
 from verispec.bench.suite import load_prompts
 from verispec.engine import GenerationParams, generate
-from verispec.models.kernels import cpu_flags, kernel_isa
+from verispec.models.kernels import cpu_flags, cpu_model, kernel_isa
 from verispec.models.load import default_threads, load
 from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
 from verispec.models.quant import truncate_head
 from verispec.strategies import StrategyOptions, make_proposer
-
-
-def cpu_model() -> str:
-    """The CPU's model name as /proc/cpuinfo gives it (the processor string elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), platform.processor())
-    except OSError:
-        return platform.processor()
 
 
 def main() -> int:

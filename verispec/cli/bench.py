@@ -104,12 +104,9 @@ def _gguf_path(spec: str) -> Path | None:
 
 
 def _machine() -> dict[str, Any]:
-    cpu = platform.processor()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    out = {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "torch": torch.__version__,
+    from verispec.models.kernels import cpu_model
+
+    out = {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "torch": torch.__version__,
            "torch_threads": torch.get_num_threads(), "python": platform.python_version()}
     if torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name()
