@@ -215,3 +215,25 @@ def test_untimed_c_makes_seeded_runs_repeat(wide_target, wide_draft, monkeypatch
     first, second = run(1), run(2)
     assert first == second
     assert len(set(first[1])) > 1  # the lengths did vary with acceptance
+
+
+def test_round_prices_follow_the_device():
+    """`auto` and `tree` price a draft forward by the bytes it streams on a CPU and by the blocks it runs
+    elsewhere (a GPU's eager forward is bound by kernel launches), each with that device's verification curve."""
+    from types import SimpleNamespace
+
+    from tests.conftest import tiny_config
+    from verispec.models.llama import LlamaModel
+    from verispec.strategies import _prices
+
+    def pair(device: str) -> tuple[SimpleNamespace, SimpleNamespace]:
+        with torch.device(device):
+            target = LlamaModel(tiny_config(vocab_size=32, hidden=64, layers=4))
+            draft = LlamaModel(tiny_config(vocab_size=32, hidden=32, layers=3))
+        return SimpleNamespace(model=target), SimpleNamespace(model=draft)
+
+    c_cpu, cost_cpu = _prices(*pair("cpu"))
+    c_gpu, cost_gpu = _prices(*pair("meta"))  # any device but the CPU
+    assert c_gpu == 3 / 4
+    assert c_cpu < 0.5  # a quarter of the bytes a block, and the draft's embedding and head are half as wide
+    assert cost_cpu(16) < cost_gpu(16)  # a bf16 CPU target is bandwidth-bound; a GPU's forward attends per query
