@@ -266,3 +266,57 @@ def test_train_drafter_command_trains_resumes_and_drafts(pair, capsys, tmp_path)
     assert code == 2 and "--drafter" in err and len(err.strip().splitlines()) == 1
     code, _, err = run_inline(capsys, *common, "--budget", "soon")
     assert code == 2 and "not a duration" in err
+
+
+def test_train_drafter_on_the_targets_answers(pair, capsys, tmp_path):  # noqa: F811
+    target, _ = pair
+    out = tmp_path / "drafter"
+    common = ["train-drafter", "--target", str(target), "--dtype", "float32", "--out", str(out), "--corpus",
+              "answers", "--tokens", "1024", "--seq-len", "32", "--batch", "2", "--max-new-tokens", "8"]
+    code, stdout, err = run_inline(capsys, *common, "--budget", "1s")
+    assert code == 0, err
+    assert "trained" in stdout and len(list((out / "features").glob("shard-*"))) == 2
+    assert (out / "features" / "answers.json").is_file()
+    code, _, err = run_inline(capsys, *common[:-2], "--max-new-tokens", "300", "--budget", "1s")
+    assert code == 0, err  # the features are there: nothing is generated again
+    code, _, err = run_inline(capsys, *common[:-2], "--max-new-tokens", "300", "--out", str(tmp_path / "other"))
+    assert code == 2 and "no room" in err
+    code, _, err = run_inline(capsys, "train-drafter", "--target", str(target), "--corpus", "answers,stdlib")
+    assert code == 2 and "answers alone" in err
+
+
+def test_answer_features_are_the_targets_own_and_resume(wide_target, tmp_path):
+    """`--corpus answers`: each request's tokens (prompt + greedy answer) sit in the shards beside the features a
+    fresh forward over them gives (recorded during generation: the prefill and every step, no off-by-one), request
+    after request; the answers equal plain decoding's; a run that lost its last shard writes it again alike."""
+    from safetensors.torch import load_file
+
+    from tests.test_greedy_identity import prompts
+    from verispec.train_drafter import TrainSettings, answer_features
+
+    requests = [p for p in prompts(wide_target.vocab_size, count=12, seed=4) if len(p) > 1]
+    settings = TrainSettings(seq_len=16, tokens=16 * 2 * 4, shard=2)
+    out = tmp_path / "features"
+    shards = answer_features(wide_target, iter(requests), out, settings, eos_ids=(), rows=1, max_new_tokens=9,
+                             progress=False)
+    loaded = [load_file(str(p)) for p in shards]
+    tokens = torch.cat([s["tokens"].reshape(-1) for s in loaded]).tolist()
+    feats = torch.cat([s["features"].reshape(-1, s["features"].shape[-1]) for s in loaded]).float()
+    at = 0
+    for prompt in requests:
+        if at >= len(tokens):
+            break
+        answer = generate(wide_target, prompt, GenerationParams(max_new_tokens=9)).token_ids
+        seq = prompt + answer[:-1]  # the last answer token was never forwarded
+        n = min(len(seq), len(tokens) - at)
+        assert tokens[at : at + n] == seq[:n]
+        cache = wide_target.new_cache(len(seq) + 1)
+        _, h = wide_target.forward(torch.tensor([seq]), cache, hidden=True)
+        assert torch.allclose(feats[at : at + n], h[0, :n].to(torch.bfloat16).float(), atol=2e-2, rtol=2e-2)
+        at += n
+    assert at == len(tokens)
+    shards[-1].unlink()
+    again = answer_features(wide_target, iter(requests), out, settings, eos_ids=(), rows=3, max_new_tokens=9,
+                            progress=False)
+    assert again == shards and shards[-1].is_file()
+    assert json.loads((out / "answers.json").read_text())["done"]  # the requests in finished shards

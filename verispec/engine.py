@@ -133,6 +133,9 @@ class Step:
     drafted: int
     accepted: int
     logprobs: list[TokenLogprob] = field(default_factory=list)  # of `new`, where the sequence asks for them
+    # the target's last-block outputs at the pending token and the accepted drafts, the features a feature-level
+    # drafter reads (and `train-drafter` records); None where the model gives none
+    hidden: torch.Tensor | None = None
 
 
 def apply_stops(out: list[int], emitted: list[int], params: GenerationParams,
@@ -379,8 +382,8 @@ class Batch:
             target.commit_path(i, kept)  # a chain's are 0 .. n: nothing moves
             s.pending = emitted[-1]
             new, reason = apply_stops(s.out, emitted, s.params, s.stop_fn)
+            hidden = states[i][kept] if states[i] is not None else None
             if s.proposer is not None:
-                hidden = states[i][kept] if states[i] is not None else None
                 if not s.started:
                     if reason is None:  # its first round: the proposer starts at the next, once this one's out
                         s.start_with = (emitted, hidden)
@@ -408,7 +411,7 @@ class Batch:
             if reason is not None:
                 s.result.finish_reason = reason
                 s.metrics.finish()
-            steps.append(Step(s, new, drafts[i].numel(), n, lps))
+            steps.append(Step(s, new, drafts[i].numel(), n, lps, hidden))
         for s in seqs:
             if s.result.finish_reason is not None:
                 self.remove(s)

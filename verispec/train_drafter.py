@@ -70,6 +70,126 @@ def suite_texts() -> Iterator[str]:
         yield "\n\n".join(m["content"] for m in prompt.messages)
 
 
+def code_requests() -> Iterator[str]:
+    """Requests about the standard library's own public functions, in a fixed order, rotating through four
+    shapes: write one from its signature and docstring, complete one from its first lines, explain one, rewrite
+    one with type hints -- the shapes of the bench's code categories, none of its prompts."""
+    import ast
+    import textwrap
+
+    shape = 0
+    for text in stdlib_texts():
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        lines = text.splitlines()
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            assert node.end_lineno is not None
+            body = lines[node.lineno - 1 : node.end_lineno]
+            if not doc or not 4 <= len(body) <= 60:
+                continue
+            source = textwrap.dedent("\n".join(body))
+            if shape == 0:
+                summary = doc.split("\n\n")[0].replace("\n", " ")
+                yield f"Write a Python function `{node.name}({ast.unparse(node.args)})`. {summary}"
+            elif shape == 1:
+                docstring_end = node.body[0].end_lineno or node.lineno
+                head = textwrap.dedent("\n".join(lines[node.lineno - 1 : docstring_end]))
+                yield f"Complete this Python function:\n\n```python\n{head}\n```"
+            elif shape == 2:
+                yield f"Explain what this Python function does:\n\n```python\n{source}\n```"
+            else:
+                yield f"Rewrite this function more clearly, with type hints:\n\n```python\n{source}\n```"
+            shape = (shape + 1) % 4
+
+
+def answer_features(target: LlamaModel, requests: Iterator[list[int]], out: Path, settings: TrainSettings, *,
+                    eos_ids: tuple[int, ...], rows: int = 8, max_new_tokens: int = 256,
+                    progress: bool = True) -> list[Path]:
+    """The target answers each request (chat-formatted token ids), greedily, `rows` at a time, and its features
+    come from those same forwards -- the prompt's prefill and each decoding step -- so the drafter learns the
+    target's own answers at no second pass. Prompt and answer, concatenated request after request, fill the
+    shards `cache_features` writes. Resumable: out/answers.json names the requests already in finished shards."""
+    import json
+
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    from verispec.engine import Batch, GenerationParams
+
+    out.mkdir(parents=True, exist_ok=True)
+    shards = _shard_paths(out, settings)
+    have = next((i for i, p in enumerate(shards) if not p.is_file()), len(shards))
+    if have == len(shards):
+        return shards
+    state = out / "answers.json"
+    done: set[int] = set(json.loads(state.read_text())["done"]) if state.is_file() and have else set()
+    per_shard = settings.shard * settings.seq_len
+    bar = tqdm(total=len(shards) * per_shard, unit="tok", desc="target answers and features", disable=not progress,
+               initial=have * per_shard)
+    max_len = min(1024 + max_new_tokens, target.cfg.max_position_embeddings)
+    max_prompt = max_len - max_new_tokens  # longer requests are skipped
+    if max_prompt < 2:
+        raise ValueError(f"--max-new-tokens {max_new_tokens} leaves no room for a request in the target's context")
+    batch = Batch(target, rows, max_len, slack=2)
+    params = GenerationParams(max_new_tokens=max_new_tokens, eos_ids=eos_ids)
+    todo = ((i, r) for i, r in enumerate(requests) if i not in done and 1 < len(r) <= max_prompt)
+    live: dict[int, tuple[int, list[Tensor]]] = {}  # id(sequence) -> (request index, its features so far)
+    tokens: list[int] = []
+    feats: list[Tensor] = []
+    owners: list[tuple[int, int]] = []  # (request index, its tokens still in the buffer), in buffer order
+    while have < len(shards):
+        while len(batch.live) < rows and (nxt := next(todo, None)) is not None:
+            index, prompt = nxt
+            seq = batch.add(prompt, params)
+            live[id(seq)] = (index, [seq.prefill_hidden])
+        if not batch.live:
+            raise ValueError(f"the requests ran out after {have} of {len(shards)} shards: ask for fewer --tokens")
+        for step in batch.round():
+            index, got = live[id(step.seq)]
+            if step.hidden is not None:
+                got.append(step.hidden)
+            if step.seq.result.finish_reason is None:
+                continue
+            del live[id(step.seq)]
+            seq_tokens = step.seq.prompt + step.seq.out
+            seq_feats = torch.cat(got).to(torch.bfloat16)
+            n = min(len(seq_tokens), len(seq_feats))  # the last token emitted was never forwarded
+            tokens += seq_tokens[:n]
+            feats.append(seq_feats[:n])
+            owners.append((index, n))
+            bar.update(n)
+        while len(tokens) >= per_shard and have < len(shards):
+            flat = torch.cat(feats)
+            path, tmp = shards[have], shards[have].with_suffix(".tmp")
+            save_file({"tokens": torch.tensor(tokens[:per_shard], dtype=torch.int32).view(settings.shard, -1),
+                       "features": flat[:per_shard].reshape(settings.shard, settings.seq_len, -1).contiguous()},
+                      str(tmp))
+            tmp.replace(path)
+            have += 1
+            tokens, feats = tokens[per_shard:], [flat[per_shard:]]
+            used = per_shard
+            while owners and owners[0][1] <= used:  # requests wholly in written shards
+                used -= owners[0][1]
+                done.add(owners.pop(0)[0])
+            if owners:
+                owners[0] = (owners[0][0], owners[0][1] - used)
+            state.write_text(json.dumps({"done": sorted(done)}))
+    bar.close()
+    return shards
+
+
+def _shard_paths(out: Path, settings: TrainSettings) -> list[Path]:
+    n_shards = settings.tokens // (settings.seq_len * settings.shard)
+    if n_shards < 2:
+        raise ValueError(f"--tokens {settings.tokens} makes fewer than 2 shards of {settings.shard} x {settings.seq_len}")
+    return [out / f"shard-{i:05d}.safetensors" for i in range(n_shards)]
+
+
 def chunks(texts: Iterator[str], encode: Callable[[str], list[int]], seq_len: int, total: int) -> Iterator[list[int]]:
     """Consecutive seq_len-token pieces of the concatenated texts, `total` tokens in all."""
     buf: list[int] = []
@@ -91,10 +211,8 @@ def cache_features(target: LlamaModel, pieces: Iterator[list[int]], out: Path, s
     from tqdm import tqdm
 
     out.mkdir(parents=True, exist_ok=True)
-    n_shards = settings.tokens // (settings.seq_len * settings.shard)
-    if n_shards < 2:
-        raise ValueError(f"--tokens {settings.tokens} makes fewer than 2 shards of {settings.shard} x {settings.seq_len}")
-    shards = [out / f"shard-{i:05d}.safetensors" for i in range(n_shards)]
+    shards = _shard_paths(out, settings)
+    n_shards = len(shards)
     todo = [p for p in shards if not p.is_file()]
     bar = tqdm(total=n_shards * settings.shard * settings.seq_len, unit="tok", desc="target features",
                disable=not progress, initial=(n_shards - len(todo)) * settings.shard * settings.seq_len)

@@ -32,7 +32,12 @@ def add_parser(sub, default_target: str) -> None:
                    help="corpus tokens whose target features are cached, once (default: %(default)s)")
     p.add_argument("--corpus", default="stdlib",
                    help="comma list of: stdlib (the Python standard library's sources), suite (the packaged bench "
-                        "prompts; then bench figures are no longer held out) (default: %(default)s)")
+                        "prompts; then bench figures are no longer held out); or answers alone: the target's own "
+                        "answers to requests about the standard library's functions (write, complete, explain, "
+                        "rewrite), generated here, 8 at a time, their features recorded as they are generated "
+                        "(default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=256,
+                   help="answers: the longest answer generated for one request (default: %(default)s)")
     p.add_argument("--intermediate", type=int, default=2048,
                    help="the drafter layer's MLP width; narrower trains more steps in the budget (default: %(default)s)")
     p.add_argument("--head-vocab", type=int, default=32000,
@@ -51,16 +56,18 @@ def run(args: argparse.Namespace) -> int:
     from verispec.models.load import default_threads, load
     from verispec.models.files import DRAFTER_CONFIG, cache_dir, drafter_config
     from verispec.train_drafter import (
-        TrainSettings, cache_features, chunks, log_stderr, stdlib_texts, suite_texts, target_head, train,
+        TrainSettings, answer_features, cache_features, chunks, code_requests, log_stderr, stdlib_texts, suite_texts,
+        target_head, train,
     )
 
     corpora = {"stdlib": stdlib_texts, "suite": suite_texts}
     names = [c for c in args.corpus.split(",") if c]
-    if not names or any(c not in corpora for c in names):
-        fail(f"--corpus takes a comma list of {', '.join(corpora)}, got {args.corpus!r}")
+    answers = names == ["answers"]
+    if not answers and (not names or any(c not in corpora for c in names)):
+        fail(f"--corpus takes a comma list of {', '.join(corpora)}, or answers alone; got {args.corpus!r}")
     for flag, value in (("--tokens", args.tokens), ("--batch", args.batch), ("--seq-len", args.seq_len),
                         ("--head-vocab", args.head_vocab), ("--intermediate", args.intermediate),
-                        ("--heads", args.heads)):
+                        ("--heads", args.heads), ("--max-new-tokens", args.max_new_tokens)):
         if value < 1:
             fail(f"{flag} must be at least 1, got {value}")
     if not 0 < args.lr < 1:
@@ -88,9 +95,14 @@ def run(args: argparse.Namespace) -> int:
             yield from corpora[name]()
 
     try:
-        pieces = chunks(texts(), lambda s: target.tokenizer.encode(s, special=False), settings.seq_len,
-                        settings.tokens)
-        shards = cache_features(model, pieces, features, settings, progress)
+        if answers:
+            requests = (target.tokenizer.chat([{"role": "user", "content": r}]) for r in code_requests())
+            shards = answer_features(model, requests, features, settings, eos_ids=tuple(target.tokenizer.eos_ids),
+                                     max_new_tokens=args.max_new_tokens, progress=progress)
+        else:
+            pieces = chunks(texts(), lambda s: target.tokenizer.encode(s, special=False), settings.seq_len,
+                            settings.tokens)
+            shards = cache_features(model, pieces, features, settings, progress)
     except ValueError as e:
         fail(str(e))
     features_s = time.perf_counter() - t0
