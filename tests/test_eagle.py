@@ -14,6 +14,7 @@ from tests.test_losslessness import T07_P09, check
 from verispec.engine import Batch, GenerationParams, generate
 from verispec.models.eagle import EagleConfig, EagleDrafter, load_drafter
 from verispec.proposers.eagle import DynamicTree, EagleProposer
+from verispec.proposers.mix import DraftNgramProposer
 from verispec.sampling import SamplingParams, logits_to_probs
 from verispec.train_drafter import losses
 
@@ -93,6 +94,30 @@ def test_eagle_greedy_equals_plain_decoding(wide_target, eagle, gamma):
         assert got.token_ids == plain, prompt
         accepted += got.metrics.accepted
     assert accepted > 15  # the drafter was trained: its guesses were kept, the pair bookkeeping ran
+
+
+@pytest.mark.parametrize("gamma", [2, 4])
+def test_eagle_ngram_greedy_equals_plain_decoding_and_catches_up(wide_target, eagle, gamma):
+    """`eagle+ngram`: prompt lookup where the suffix repeats, the drafter elsewhere; both kinds of round happen,
+    and after rounds the lookup drafted, the drafter's first q still equals a fresh pass over every pair (the
+    features of the rounds it skipped fed in at its next draft)."""
+    sampling = SamplingParams(temperature=1.0)
+    repetitive = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
+    for prompt in [*PROMPTS, repetitive]:
+        plain = generate(wide_target, prompt, GenerationParams(max_new_tokens=30)).token_ids
+        mix = DraftNgramProposer(EagleProposer(eagle, 64, wide_target.vocab_size), 3, min_match=2)
+        assert generate(wide_target, prompt, GenerationParams(max_new_tokens=30, gamma=gamma), mix).token_ids == plain
+    mix = DraftNgramProposer(EagleProposer(eagle, 64, wide_target.vocab_size), 3, min_match=2)
+    batch = Batch(wide_target, 1, 64, slack=8)
+    seq = batch.add(repetitive, GenerationParams(max_new_tokens=30, gamma=gamma), mix)
+    while seq.result.finish_reason is None and not (seq.started and mix.ngram_rounds >= 2):
+        batch.round()
+    assert mix.ngram_rounds >= 2
+    text = repetitive + seq.out
+    (proposal,) = mix.draft.propose([0], [1], [sampling], [torch.Generator().manual_seed(0)])
+    h = target_features(wide_target, text[:-1])
+    logits = eagle.forward(torch.tensor([text[1:]]), eagle.new_cache(len(text) + 1), features=h[None])[0, -1]
+    torch.testing.assert_close(proposal.q[0], logits_to_probs(logits, sampling), atol=1e-5, rtol=1e-4)
 
 
 def test_eagle_rows_of_a_batch_equal_generate_alone(wide_target, eagle):
@@ -220,6 +245,16 @@ def test_eagle_keeps_the_target_law(tiny_target):
     drafter = train_tiny(tiny_target, steps=150)
     verdict = check(tiny_target, None, T07_P09, 3, 31_000_000, label="eagle",
                     make_proposer=lambda max_len: EagleProposer(drafter, max_len, tiny_target.vocab_size))
+    assert verdict.alpha is not None and verdict.alpha > 0.2, verdict
+    assert verdict.passes, verdict
+
+
+@pytest.mark.slow  # 8 s
+def test_eagle_ngram_keeps_the_target_law(tiny_target):
+    drafter = train_tiny(tiny_target, steps=150)
+    verdict = check(tiny_target, None, T07_P09, 3, 31_000_000, label="eagle+ngram",
+                    make_proposer=lambda max_len: DraftNgramProposer(
+                        EagleProposer(drafter, max_len, tiny_target.vocab_size), 3, min_match=1))
     assert verdict.alpha is not None and verdict.alpha > 0.2, verdict
     assert verdict.passes, verdict
 

@@ -171,8 +171,8 @@ def drafter_dir(options: StrategyOptions, kind: str) -> tuple[str, dict]:
 def check_options(name: str, options: StrategyOptions) -> None:
     """ValueError (what to pass) where strategy `name` cannot run with these options: checked before a model loads
     (the CLI) or a request is queued (the server)."""
-    if name in ("eagle", "medusa"):
-        directory, config = drafter_dir(options, name)
+    if name in ("eagle", "eagle+ngram", "medusa"):
+        directory, config = drafter_dir(options, "medusa" if name == "medusa" else "eagle")
         heads = config.get("heads", 0)
         if name == "medusa" and options.medusa_tree != "auto" and len(options.medusa_tree) > heads:
             raise ValueError(f"--medusa-tree gives {len(options.medusa_tree)} depths; the heads in {directory} "
@@ -187,6 +187,14 @@ def _eagle(target: LoadedModel, draft: LoadedModel | None, size: Size, options: 
     drafter = load_drafter(drafter_dir(options, "eagle")[0], model, quantize_kind="w4a8-4bit" if _w4a8(model) else None)
     tree = None if options.eagle_tree is None else DynamicTree(*options.eagle_tree)
     return EagleProposer(drafter, size.max_len, model.vocab_size, rows=size.rows, max_gamma=size.max_gamma, tree=tree)
+
+
+def _eagle_ngram(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
+    """Prompt lookup when the suffix matches, else the EAGLE drafter: copying costs no drafter step at all, and
+    the drafter catches up on the skipped rounds' features the next time it drafts."""
+    least = min(options.ngram_min or 3, options.ngram_max)
+    NgramProposer(options.ngram_max, least)
+    return DraftNgramProposer(_eagle(target, draft, size, options), options.ngram_max, min_match=least)
 
 
 def _medusa(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
@@ -273,6 +281,8 @@ STRATEGIES: dict[str, Strategy] = {
                  "verification costs", _tree),
         Strategy("eagle", False, "an EAGLE feature-level drafter trained for the target (--drafter DIR): one layer "
                  "over the target's own features, no draft model", _eagle),
+        Strategy("eagle+ngram", False, "prompt lookup when the suffix matches, else the EAGLE drafter of --drafter "
+                 "DIR", _eagle_ngram),
         Strategy("medusa", False, "Medusa heads trained for the target (--drafter DIR): a round's whole chain (up to "
                  "the heads' count) guessed at once from the target's last feature, no draft model", _medusa),
     ]

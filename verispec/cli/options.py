@@ -27,17 +27,17 @@ DTYPE_CHOICES = ["bfloat16", "float32", "int8", "int4", "w8a8", "w4a8", "w4a8-4b
 
 # flag -> (the StrategyOptions field it sets, the strategies that read that field)
 STRATEGY_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "--ngram-max": ("ngram_max", ("ngram", "draft+ngram", "auto")),
-    "--ngram-min": ("ngram_min", ("ngram", "draft+ngram", "auto")),
+    "--ngram-max": ("ngram_max", ("ngram", "draft+ngram", "auto", "eagle+ngram")),
+    "--ngram-min": ("ngram_min", ("ngram", "draft+ngram", "auto", "eagle+ngram")),
     "--layers": ("layerskip_layers", ("layerskip",)),
     "--draft-confidence": ("draft_confidence", ("draft", "adaptive", "draft+ngram", "auto")),
     "--draft-context": ("draft_context", ("draft", "adaptive", "draft+ngram", "auto")),
     "--window": ("lookahead_window", ("lookahead",)),
     "--lookahead-ngram": ("lookahead_ngram", ("lookahead",)),
     "--lookahead-candidates": ("lookahead_candidates", ("lookahead",)),
-    "--drafter": ("drafter", ("eagle", "medusa")),
+    "--drafter": ("drafter", ("eagle", "eagle+ngram", "medusa")),
     "--medusa-tree": ("medusa_tree", ("medusa",)),
-    "--eagle-tree": ("eagle_tree", ("eagle",)),
+    "--eagle-tree": ("eagle_tree", ("eagle", "eagle+ngram")),
 }
 
 
