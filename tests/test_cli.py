@@ -247,8 +247,8 @@ def test_calibrate_layerskip_saves_a_choice_that_generate_uses(pair, capsys, tmp
     (["generate", "hi", "--strategy", "draft", "--lookahead-ngram", "4"], "--lookahead-ngram applies to the lookahead"),
     (["generate", "hi", "--strategy", "ngram", "--lookahead-candidates", "2"], "--lookahead-candidates applies to the lookahead"),
     (["generate", "hi", "--strategy", "draft", "--layers", "2"], "--layers applies to the layerskip strategy only"),
-    (["generate", "hi", "--strategy", "draft", "--ngram-max", "4"], "--ngram-max applies to the ngram, draft+ngram and auto"),
-    (["generate", "hi", "--strategy", "lookahead", "--ngram-min", "2"], "--ngram-min applies to the ngram, draft+ngram and auto"),
+    (["generate", "hi", "--strategy", "draft", "--ngram-max", "4"], "--ngram-max applies to the ngram, draft+ngram, auto and eagle+ngram"),
+    (["generate", "hi", "--strategy", "lookahead", "--ngram-min", "2"], "--ngram-min applies to the ngram, draft+ngram, auto and eagle+ngram"),
     (["generate", "hi", "--strategy", "ngram", "--draft-confidence", "0.5"],
      "--draft-confidence applies to the draft, adaptive, draft+ngram and auto strategies only"),
     (["generate", "hi", "--no-speculate", "--window", "3"], "(the strategy is ar)"),
@@ -278,8 +278,10 @@ def test_strategy_flags_are_accepted_by_the_strategies_that_read_them(capsys, tm
             value = {"--draft-confidence": "0.5", "--medusa-tree": "2,1", "--eagle-tree": "2,1"}.get(flag, "2")
             drafter = tmp_path / strategy  # a directory holding a drafter of the strategy's kind
             drafter.mkdir(exist_ok=True)
-            (drafter / "config.json").write_text(json.dumps({"kind": strategy, "heads": 4}))
-            extra = ["--drafter", str(drafter)] if strategy in ("eagle", "medusa") and flag != "--drafter" else []
+            kind = "eagle" if strategy.startswith("eagle") else strategy
+            (drafter / "config.json").write_text(json.dumps({"kind": kind, "heads": 4}))
+            extra = ["--drafter", str(drafter)] if strategy in ("eagle", "eagle+ngram", "medusa") and flag != "--drafter" \
+                else []
             if flag == "--drafter":
                 value = str(drafter)
             args = build_parser().parse_args(["generate", "hi", "--strategy", strategy, flag, value, *extra])
