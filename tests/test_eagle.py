@@ -299,6 +299,8 @@ def test_train_drafter_command_trains_resumes_and_drafts(pair, capsys, tmp_path)
     assert code == 2 and "K,D" in err
     code, _, err = run_inline(capsys, "generate", "hi", "--target", str(target), "--strategy", "eagle")
     assert code == 2 and "--drafter" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_inline(capsys, "generate", "hi", "--target", str(target), "--strategy", "eagle+ngram")
+    assert code == 2 and "'eagle+ngram' needs --drafter" in err
     code, _, err = run_inline(capsys, *common, "--budget", "soon")
     assert code == 2 and "not a duration" in err
 

@@ -144,16 +144,18 @@ def _auto(target: LoadedModel, draft: LoadedModel | None, size: Size, options: S
     return DraftNgramProposer(adaptive, options.ngram_max, min_match=least)
 
 
-def drafter_dir(options: StrategyOptions, kind: str) -> tuple[str, dict]:
-    """The --drafter directory holding a `kind` drafter (its config.json says which), and that config."""
+def drafter_dir(options: StrategyOptions, kind: str, strategy: str | None = None) -> tuple[str, dict]:
+    """The --drafter directory holding a `kind` drafter (its config.json says which), and that config; errors
+    name `strategy` (default: the kind)."""
     import json
     from pathlib import Path
 
     from verispec.models.files import DRAFTER_CONFIG
 
     make = f"make one with `verispec train-drafter --kind {kind}`"
+    strategy = strategy or kind
     if not options.drafter:
-        raise ValueError(f"strategy {kind!r} needs --drafter DIR ({make})")
+        raise ValueError(f"strategy {strategy!r} needs --drafter DIR ({make})")
     configs, kinds = {}, {}
     for d in options.drafter:
         try:
@@ -163,7 +165,7 @@ def drafter_dir(options: StrategyOptions, kind: str) -> tuple[str, dict]:
             raise ValueError(f"--drafter {d} is not a drafter directory ({DRAFTER_CONFIG}: {e})") from None
     found = [d for d, k in kinds.items() if k == kind]
     if not found:
-        raise ValueError(f"strategy {kind!r}: no --drafter directory holds a {kind} drafter "
+        raise ValueError(f"strategy {strategy!r}: no --drafter directory holds a {kind} drafter "
                          f"({', '.join(f'{d}: {k}' for d, k in kinds.items())}; {make})")
     return found[0], configs[found[0]]
 
@@ -172,7 +174,7 @@ def check_options(name: str, options: StrategyOptions) -> None:
     """ValueError (what to pass) where strategy `name` cannot run with these options: checked before a model loads
     (the CLI) or a request is queued (the server)."""
     if name in ("eagle", "eagle+ngram", "medusa"):
-        directory, config = drafter_dir(options, "medusa" if name == "medusa" else "eagle")
+        directory, config = drafter_dir(options, "medusa" if name == "medusa" else "eagle", name)
         heads = config.get("heads", 0)
         if name == "medusa" and options.medusa_tree != "auto" and len(options.medusa_tree) > heads:
             raise ValueError(f"--medusa-tree gives {len(options.medusa_tree)} depths; the heads in {directory} "
