@@ -72,8 +72,7 @@ def padded_rows(pad: int, norms: bool = False) -> Iterator[None]:
         rows = x.numel() // x.shape[-1]
         if pad == 0 or rows >= pad:
             return plain(self, x)
-        flat = torch.cat([x.reshape(rows, x.shape[-1]), x.new_zeros(pad - rows, x.shape[-1])])
-        return F.linear(flat, self.weight, self.bias)[:rows].reshape(*x.shape[:-1], self.out_features)
+        return pad_rows(lambda u: F.linear(u, self.weight, self.bias), x, pad)
 
     def norm(self: llama.RMSNorm, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]

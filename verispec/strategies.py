@@ -127,21 +127,28 @@ def _ngram(target: LoadedModel, draft: LoadedModel | None, size: Size, options: 
     return PerRow(lambda: NgramProposer(most, least))
 
 
-def _draft_ngram(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
+def _lookup_first(options: StrategyOptions, inner: Callable[[], Proposer]) -> DraftNgramProposer:
+    """Prompt lookup where the suffix matches at least --ngram-min (default 3) tokens, else `inner`'s proposal;
+    the lookup's options are checked before `inner` is built."""
     least = min(options.ngram_min or 3, options.ngram_max)
     NgramProposer(options.ngram_max, least)
-    return DraftNgramProposer(_draft(target, draft, size, options), options.ngram_max, min_match=least)
+    return DraftNgramProposer(inner(), options.ngram_max, min_match=least)
+
+
+def _draft_ngram(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
+    return _lookup_first(options, lambda: _draft(target, draft, size, options))
 
 
 def _auto(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
     """draft+ngram whose draft-model rounds choose their length (0: a plain step) from live alpha and c and the
     target's verification-cost curve on this hardware."""
-    least = min(options.ngram_min or 3, options.ngram_max)
-    NgramProposer(options.ngram_max, least)
-    c, cost = _prices(target, draft)
-    adaptive = AdaptiveGammaProposer(_draft(target, draft, size, options), verify_cost=cost, pause=True,
-                                     prior_c=c, measure_c=False)
-    return DraftNgramProposer(adaptive, options.ngram_max, min_match=least)
+
+    def adaptive() -> Proposer:
+        c, cost = _prices(target, draft)
+        return AdaptiveGammaProposer(_draft(target, draft, size, options), verify_cost=cost, pause=True, prior_c=c,
+                                     measure_c=False)
+
+    return _lookup_first(options, adaptive)
 
 
 def drafter_dir(options: StrategyOptions, kind: str, strategy: str | None = None) -> tuple[str, dict]:
@@ -194,9 +201,7 @@ def _eagle(target: LoadedModel, draft: LoadedModel | None, size: Size, options: 
 def _eagle_ngram(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
     """Prompt lookup when the suffix matches, else the EAGLE drafter: copying costs no drafter step at all, and
     the drafter catches up on the skipped rounds' features the next time it drafts."""
-    least = min(options.ngram_min or 3, options.ngram_max)
-    NgramProposer(options.ngram_max, least)
-    return DraftNgramProposer(_eagle(target, draft, size, options), options.ngram_max, min_match=least)
+    return _lookup_first(options, lambda: _eagle(target, draft, size, options))
 
 
 def _medusa(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
