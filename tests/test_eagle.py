@@ -4,6 +4,7 @@ sampled law through the round, training (loss goes down, agreement goes up), the
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -319,7 +320,58 @@ def test_train_drafter_on_the_targets_answers(pair, capsys, tmp_path):  # noqa: 
     code, _, err = run_inline(capsys, *common[:-2], "--max-new-tokens", "300", "--out", str(tmp_path / "other"))
     assert code == 2 and "no room" in err
     code, _, err = run_inline(capsys, "train-drafter", "--target", str(target), "--corpus", "answers,stdlib")
-    assert code == 2 and "answers alone" in err
+    assert code == 2 and "do not mix" in err
+
+
+def test_chat_requests_take_the_other_categories_shapes():
+    """`--corpus chat`: summarize, translate, answer from a passage, explain, a word problem, a follow-up turn,
+    in a fixed order, over prose every machine has, and none of them a bench prompt (the bench stays held out)."""
+    from verispec.bench.suite import load_prompts
+    from verispec.train_drafter import chat_requests, math_problem
+
+    first = list(itertools.islice(chat_requests(), 60))
+    assert first == list(itertools.islice(chat_requests(), 60))
+    texts = [r[-1]["content"] for r in first]
+    for marker in ("Summarize the following passage", "Translate the following text into", "Question: ",
+                   "Explain, for someone new to Python", "step by step"):
+        assert sum(marker in t for t in texts) >= 5, marker
+    turns = [r for r in first if len(r) == 3]
+    assert len(turns) >= 5 and all([m["role"] for m in r] == ["user", "assistant", "user"] for r in turns)
+    suite = {m["content"] for p in load_prompts("suite") for m in p.messages}
+    assert not suite & {m["content"] for r in first for m in r}
+    assert math_problem(3) == math_problem(3) != math_problem(4)
+
+
+def test_answer_streams_resume_across_corpora(wide_target, tmp_path):
+    """A run of code requests resumed with `answers,chat` skips the requests already in finished shards (keys
+    from before there were streams, bare numbers, too) and goes on with both streams."""
+    from safetensors.torch import load_file
+
+    from tests.test_greedy_identity import prompts
+    from verispec.train_drafter import TrainSettings, answer_features
+
+    code = [p for p in prompts(wide_target.vocab_size, count=12, seed=4) if len(p) > 1]
+    chat = [p for p in prompts(wide_target.vocab_size, count=12, seed=5) if len(p) > 1]
+    out = tmp_path / "features"
+    small = TrainSettings(seq_len=16, tokens=16 * 2 * 2, shard=2)
+    answer_features(wide_target, {"answers": code}, out, small, eos_ids=(), rows=1, max_new_tokens=9,
+                    progress=False)
+    state = out / "answers.json"
+    done = json.loads(state.read_text())["done"]
+    assert done and all(k.startswith("answers:") for k in done)
+    state.write_text(json.dumps({"done": [int(k.split(":")[1]) for k in done]}))  # the format before streams
+    bigger = TrainSettings(seq_len=16, tokens=16 * 2 * 4, shard=2)
+    shards = answer_features(wide_target, {"answers": code, "chat": chat}, out, bigger, eos_ids=(),
+                             rows=1, max_new_tokens=9, progress=False)
+    resumed = json.loads(state.read_text())["done"]
+    assert set(f"answers:{k.split(':')[1]}" for k in done) <= set(resumed)
+    assert any(k.startswith("chat:") for k in resumed)
+    assert sum(k.startswith("answers:") for k in resumed) > len(done)  # the code stream kept its turns
+    first_new = code[next(i for i in range(len(code)) if f"answers:{i}" not in done)]
+    tokens = load_file(str(shards[2]))["tokens"].reshape(-1).tolist()
+    assert tokens[: len(first_new)] == first_new  # its first request not already done, then chat's first
+    at = len(first_new) + 9 - 1  # its 9 answer tokens, the last never forwarded
+    assert tokens[at : at + len(chat[0])] == chat[0]
 
 
 def test_answer_features_are_the_targets_own_and_resume(wide_target, tmp_path):
@@ -334,8 +386,8 @@ def test_answer_features_are_the_targets_own_and_resume(wide_target, tmp_path):
     requests = [p for p in prompts(wide_target.vocab_size, count=12, seed=4) if len(p) > 1]
     settings = TrainSettings(seq_len=16, tokens=16 * 2 * 4, shard=2)
     out = tmp_path / "features"
-    shards = answer_features(wide_target, iter(requests), out, settings, eos_ids=(), rows=1, max_new_tokens=9,
-                             progress=False)
+    shards = answer_features(wide_target, {"answers": requests}, out, settings, eos_ids=(), rows=1,
+                             max_new_tokens=9, progress=False)
     loaded = [load_file(str(p)) for p in shards]
     tokens = torch.cat([s["tokens"].reshape(-1) for s in loaded]).tolist()
     feats = torch.cat([s["features"].reshape(-1, s["features"].shape[-1]) for s in loaded]).float()
@@ -353,7 +405,7 @@ def test_answer_features_are_the_targets_own_and_resume(wide_target, tmp_path):
         at += n
     assert at == len(tokens)
     shards[-1].unlink()
-    again = answer_features(wide_target, iter(requests), out, settings, eos_ids=(), rows=3, max_new_tokens=9,
-                            progress=False)
+    again = answer_features(wide_target, {"answers": requests}, out, settings, eos_ids=(), rows=3,
+                            max_new_tokens=9, progress=False)
     assert again == shards and shards[-1].is_file()
     assert json.loads((out / "answers.json").read_text())["done"]  # the requests in finished shards

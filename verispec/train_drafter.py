@@ -18,7 +18,7 @@ import math
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,13 +107,125 @@ def code_requests() -> Iterator[str]:
             shape = (shape + 1) % 4
 
 
-def answer_features(target: LlamaModel, requests: Iterator[list[int]], out: Path, settings: TrainSettings, *,
+def passages() -> Iterator[tuple[str, str]]:
+    """Prose present on every machine, as (subject, passage of a few paragraphs): the standard library's module
+    docstrings, then the language reference's topics (pydoc_data), in a fixed order."""
+    import ast
+
+    def pieces(subject: str, text: str) -> Iterator[tuple[str, str]]:
+        paras = [p.strip() for p in text.split("\n\n") if len(p.strip()) > 40 and not p.lstrip().startswith(">>>")]
+        block: list[str] = []
+        for para in paras:
+            block.append(para)
+            if sum(map(len, block)) >= 600:
+                yield subject, "\n\n".join(block)[:1800]
+                block = []
+        if sum(map(len, block)) >= 300:
+            yield subject, "\n\n".join(block)
+
+    for text in stdlib_texts():
+        try:
+            doc = ast.get_docstring(ast.parse(text))
+        except (SyntaxError, ValueError):
+            continue
+        if doc:
+            name = doc.splitlines()[0].strip().rstrip(".")
+            yield from pieces(name if len(name) < 80 else "this module", doc)
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # some distributions leave the reference out
+        return
+    for key in sorted(topics):
+        title = topics[key].splitlines()[0].strip() or key
+        yield from pieces(title, topics[key].split("\n", 2)[-1])
+
+
+_LANGUAGES = ("French", "German", "Spanish", "Italian", "Portuguese")
+_RAG_QUESTIONS = ("What is the main purpose of what the passage describes?",
+                  "Which special cases or restrictions does the passage mention, and why do they matter?",
+                  "Which terms does the passage define, and how would you explain each to a newcomer?",
+                  "What should a reader do first, according to the passage, and what could go wrong?")
+_FOLLOW_UPS = ("Can you give me a short example and explain it line by line?",
+               "What mistakes do people commonly make with this, and how do I avoid them?",
+               "How does this compare with the alternatives? When would I choose each?")
+
+
+def math_problem(i: int) -> str:
+    """A word problem with numbers from a seeded generator (request i always gets the same one)."""
+    import random
+
+    r = random.Random(i)
+    a, b, c = r.randint(2, 95), r.randint(2, 95), r.randint(2, 12)
+    shapes = (
+        f"Two cyclists start {a * 3} km apart and ride toward each other at {b % 30 + 10} km/h and "
+        f"{a % 25 + 8} km/h. When and where do they meet?",
+        f"A shop sells a jacket for ${a + 40}. It is discounted by {c * 5}% and then a tax of {b % 12 + 3}% is "
+        f"added. What is the final price, and what single percentage change is that?",
+        f"A tank holds {a * 10} litres. One pipe fills it in {c + 2} hours and another empties it in {c + 7} hours. "
+        f"Starting empty with both open, how long until it is full?",
+        f"${a * 100} is invested at {c % 7 + 2}% interest compounded yearly. How much is there after {b % 9 + 2} "
+        f"years, and how long until the amount doubles?",
+        f"A rectangle's length is {c} cm more than its width and its area is {(b % 20 + 3) * (b % 20 + 3 + c)} "
+        f"square cm. Find its dimensions and its perimeter.",
+        f"In a class of {a + 20} students, {b % 60 + 20}% passed the first test and {c * 6}% of those who passed "
+        f"also passed the second. How many passed both?",
+    )
+    return shapes[i % len(shapes)] + " Show your reasoning step by step."
+
+
+def chat_requests() -> Iterator[list[dict[str, str]]]:
+    """Conversations in the shapes of the bench's other categories -- summarize, translate, answer from a
+    passage, explain, solve a word problem, a follow-up turn -- over prose found on every machine (`passages`),
+    none of the bench's own prompts. Three passes, each passage in a different shape each time."""
+    found = list(passages())
+    for i, (subject, passage) in enumerate(found * 3):
+        shape = (i + i // len(found)) % 6
+        if shape == 0:
+            text = (f"Summarize the following passage in one paragraph of three to five sentences. Then list the "
+                    f"two most important points it makes.\n\n{passage}")
+        elif shape == 1:
+            text = (f"Translate the following text into {_LANGUAGES[i // 6 % len(_LANGUAGES)]}. Keep the technical "
+                    f"terms accurate and the tone unchanged.\n\n{passage[:700]}")
+        elif shape == 2:
+            text = (f"Answer the question using only the passage below, and quote the sentences you rely on.\n\n"
+                    f"Question: {_RAG_QUESTIONS[i // 6 % len(_RAG_QUESTIONS)]}\n\nPassage:\n{passage}")
+        elif shape == 3:
+            text = f"Explain, for someone new to Python, what this is about and why it exists: {subject}."
+        elif shape == 4:
+            text = math_problem(i // 6)
+        else:
+            yield [{"role": "user", "content": f"What is this about: {subject}?"},
+                   {"role": "assistant", "content": passage.split("\n\n")[0]},
+                   {"role": "user", "content": _FOLLOW_UPS[i // 6 % len(_FOLLOW_UPS)]}]
+            continue
+        yield [{"role": "user", "content": text}]
+
+
+def keyed(streams: Mapping[str, Iterable[list[int]]], keep: Callable[[str, list[int]], bool]) -> Iterator[tuple[str, list[int]]]:
+    """Round-robin over named request streams, each request keyed "name:index" (stable whatever the other
+    streams), taking from each stream only the requests `keep` accepts, so that a stream whose first requests a
+    resumed run skips does not lose its turns."""
+    def kept(name: str, stream: Iterable[list[int]]) -> Iterator[tuple[str, list[int]]]:
+        return ((f"{name}:{i}", r) for i, r in enumerate(stream) if keep(f"{name}:{i}", r))
+
+    its = {name: kept(name, stream) for name, stream in streams.items()}
+    while its:
+        for name in list(its):
+            nxt = next(its[name], None)
+            if nxt is None:
+                del its[name]
+            else:
+                yield nxt
+
+
+def answer_features(target: LlamaModel, streams: Mapping[str, Iterable[list[int]]], out: Path, settings: TrainSettings, *,
                     eos_ids: tuple[int, ...], rows: int = 8, max_new_tokens: int = 256,
                     progress: bool = True) -> list[Path]:
-    """The target answers each request (chat-formatted token ids), greedily, `rows` at a time, and its features
-    come from those same forwards -- the prompt's prefill and each decoding step -- so the drafter learns the
-    target's own answers at no second pass. Prompt and answer, concatenated request after request, fill the
-    shards `cache_features` writes. Resumable: out/answers.json names the requests already in finished shards."""
+    """The target answers each request (chat-formatted token ids; named streams taken in turn, see `keyed`),
+    greedily, `rows` at a time, and its features come from those same forwards -- the prompt's prefill and each decoding step -- so
+    the drafter learns the target's own answers at no second pass. Prompt and answer, concatenated request after
+    request, fill the shards `cache_features` writes. Resumable: out/answers.json keys the requests already in
+    finished shards (bare numbers, from before there were several streams, are the code requests')."""
     import json
 
     from safetensors.torch import save_file
@@ -127,7 +239,8 @@ def answer_features(target: LlamaModel, requests: Iterator[list[int]], out: Path
     if have == len(shards):
         return shards
     state = out / "answers.json"
-    done: set[int] = set(json.loads(state.read_text())["done"]) if state.is_file() and have else set()
+    done = {k if isinstance(k, str) else f"answers:{k}" for k in json.loads(state.read_text())["done"]} \
+        if state.is_file() and have else set()
     per_shard = settings.shard * settings.seq_len
     bar = tqdm(total=len(shards) * per_shard, unit="tok", desc="target answers and features", disable=not progress,
                initial=have * per_shard)
@@ -137,20 +250,20 @@ def answer_features(target: LlamaModel, requests: Iterator[list[int]], out: Path
         raise ValueError(f"--max-new-tokens {max_new_tokens} leaves no room for a request in the target's context")
     batch = Batch(target, rows, max_len, slack=2)
     params = GenerationParams(max_new_tokens=max_new_tokens, eos_ids=eos_ids)
-    todo = ((i, r) for i, r in enumerate(requests) if i not in done and 1 < len(r) <= max_prompt)
-    live: dict[int, tuple[int, list[Tensor]]] = {}  # id(sequence) -> (request index, its features so far)
+    todo = keyed(streams, lambda k, r: k not in done and 1 < len(r) <= max_prompt)
+    live: dict[int, tuple[str, list[Tensor]]] = {}  # id(sequence) -> (request key, its features so far)
     tokens: list[int] = []
     feats: list[Tensor] = []
-    owners: list[tuple[int, int]] = []  # (request index, its tokens still in the buffer), in buffer order
+    owners: list[tuple[str, int]] = []  # (request key, its tokens still in the buffer), in buffer order
     while have < len(shards):
         while len(batch.live) < rows and (nxt := next(todo, None)) is not None:
-            index, prompt = nxt
+            key, prompt = nxt
             seq = batch.add(prompt, params)
-            live[id(seq)] = (index, [seq.prefill_hidden])
+            live[id(seq)] = (key, [seq.prefill_hidden])
         if not batch.live:
             raise ValueError(f"the requests ran out after {have} of {len(shards)} shards: ask for fewer --tokens")
         for step in batch.round():
-            index, got = live[id(step.seq)]
+            key, got = live[id(step.seq)]
             if step.hidden is not None:
                 got.append(step.hidden)
             if step.seq.result.finish_reason is None:
@@ -161,7 +274,7 @@ def answer_features(target: LlamaModel, requests: Iterator[list[int]], out: Path
             n = min(len(seq_tokens), len(seq_feats))  # the last token emitted was never forwarded
             tokens += seq_tokens[:n]
             feats.append(seq_feats[:n])
-            owners.append((index, n))
+            owners.append((key, n))
             bar.update(n)
         while len(tokens) >= per_shard and have < len(shards):
             flat = torch.cat(feats)

@@ -32,12 +32,14 @@ def add_parser(sub, default_target: str) -> None:
                    help="corpus tokens whose target features are cached, once (default: %(default)s)")
     p.add_argument("--corpus", default="stdlib",
                    help="comma list of: stdlib (the Python standard library's sources), suite (the packaged bench "
-                        "prompts; then bench figures are no longer held out); or answers alone: the target's own "
-                        "answers to requests about the standard library's functions (write, complete, explain, "
-                        "rewrite), generated here, 8 at a time, their features recorded as they are generated "
+                        "prompts; then bench figures are no longer held out); or of the target's own answers, "
+                        "generated here 8 at a time, their features recorded as they are generated: answers "
+                        "(requests about the standard library's functions: write, complete, explain, rewrite), chat "
+                        "(summarize, translate, answer from a passage, explain, word problems, follow-up turns, over "
+                        "the standard library's docs); answers,chat alternates them, and resumes an answers run "
                         "(default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=256,
-                   help="answers: the longest answer generated for one request (default: %(default)s)")
+                   help="answers, chat: the longest answer generated for one request (default: %(default)s)")
     p.add_argument("--intermediate", type=int, default=2048,
                    help="the drafter layer's MLP width; narrower trains more steps in the budget (default: %(default)s)")
     p.add_argument("--head-vocab", type=int, default=32000,
@@ -56,15 +58,18 @@ def run(args: argparse.Namespace) -> int:
     from verispec.models.load import default_threads, load
     from verispec.models.files import DRAFTER_CONFIG, cache_dir, drafter_config
     from verispec.train_drafter import (
-        TrainSettings, answer_features, cache_features, chunks, code_requests, log_stderr, stdlib_texts, suite_texts,
-        target_head, train,
+        TrainSettings, answer_features, cache_features, chat_requests, chunks, code_requests, log_stderr,
+        stdlib_texts, suite_texts, target_head, train,
     )
 
     corpora = {"stdlib": stdlib_texts, "suite": suite_texts}
+    generated = {"answers": lambda: ([{"role": "user", "content": r}] for r in code_requests()),
+                 "chat": chat_requests}
     names = [c for c in args.corpus.split(",") if c]
-    answers = names == ["answers"]
+    answers = bool(names) and all(c in generated for c in names)
     if not answers and (not names or any(c not in corpora for c in names)):
-        fail(f"--corpus takes a comma list of {', '.join(corpora)}, or answers alone; got {args.corpus!r}")
+        fail(f"--corpus takes a comma list of {', '.join(corpora)}, or of {', '.join(generated)} (the target's "
+             f"own answers; the two kinds do not mix); got {args.corpus!r}")
     for flag, value in (("--tokens", args.tokens), ("--batch", args.batch), ("--seq-len", args.seq_len),
                         ("--head-vocab", args.head_vocab), ("--intermediate", args.intermediate),
                         ("--heads", args.heads), ("--max-new-tokens", args.max_new_tokens)):
@@ -96,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if answers:
-            requests = (target.tokenizer.chat([{"role": "user", "content": r}]) for r in code_requests())
-            shards = answer_features(model, requests, features, settings, eos_ids=tuple(target.tokenizer.eos_ids),
+            streams = {n: (target.tokenizer.chat(m) for m in generated[n]()) for n in dict.fromkeys(names)}
+            shards = answer_features(model, streams, features, settings, eos_ids=tuple(target.tokenizer.eos_ids),
                                      max_new_tokens=args.max_new_tokens, progress=progress)
         else:
             pieces = chunks(texts(), lambda s: target.tokenizer.encode(s, special=False), settings.seq_len,
