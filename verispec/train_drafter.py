@@ -177,28 +177,36 @@ def chat_requests() -> Iterator[list[dict[str, str]]]:
     """Conversations in the shapes of the bench's other categories -- summarize, translate, answer from a
     passage, explain, solve a word problem, a follow-up turn -- over prose found on every machine (`passages`),
     none of the bench's own prompts. Three passes, each passage in a different shape each time."""
-    found = list(passages())
-    for i, (subject, passage) in enumerate(found * 3):
-        shape = (i + i // len(found)) % 6
-        if shape == 0:
-            text = (f"Summarize the following passage in one paragraph of three to five sentences. Then list the "
-                    f"two most important points it makes.\n\n{passage}")
-        elif shape == 1:
-            text = (f"Translate the following text into {_LANGUAGES[i // 6 % len(_LANGUAGES)]}. Keep the technical "
-                    f"terms accurate and the tone unchanged.\n\n{passage[:700]}")
-        elif shape == 2:
-            text = (f"Answer the question using only the passage below, and quote the sentences you rely on.\n\n"
-                    f"Question: {_RAG_QUESTIONS[i // 6 % len(_RAG_QUESTIONS)]}\n\nPassage:\n{passage}")
-        elif shape == 3:
-            text = f"Explain, for someone new to Python, what this is about and why it exists: {subject}."
-        elif shape == 4:
-            text = math_problem(i // 6)
-        else:
-            yield [{"role": "user", "content": f"What is this about: {subject}?"},
-                   {"role": "assistant", "content": passage.split("\n\n")[0]},
-                   {"role": "user", "content": _FOLLOW_UPS[i // 6 % len(_FOLLOW_UPS)]}]
-            continue
-        yield [{"role": "user", "content": text}]
+    found: list[tuple[str, str]] = []
+    for p in passages():  # the first pass as the passages are found: a few requests need no parse of the library
+        found.append(p)
+        yield _chat_request(len(found) - 1, 0, *p)
+    for k in (1, 2):
+        for j, p in enumerate(found):
+            yield _chat_request(k * len(found) + j, k, *p)
+
+
+def _chat_request(i: int, k: int, subject: str, passage: str) -> list[dict[str, str]]:
+    """Request i (pass k) over one passage."""
+    shape = (i + k) % 6
+    if shape == 0:
+        text = (f"Summarize the following passage in one paragraph of three to five sentences. Then list the two "
+                f"most important points it makes.\n\n{passage}")
+    elif shape == 1:
+        text = (f"Translate the following text into {_LANGUAGES[i // 6 % len(_LANGUAGES)]}. Keep the technical "
+                f"terms accurate and the tone unchanged.\n\n{passage[:700]}")
+    elif shape == 2:
+        text = (f"Answer the question using only the passage below, and quote the sentences you rely on.\n\n"
+                f"Question: {_RAG_QUESTIONS[i // 6 % len(_RAG_QUESTIONS)]}\n\nPassage:\n{passage}")
+    elif shape == 3:
+        text = f"Explain, for someone new to Python, what this is about and why it exists: {subject}."
+    elif shape == 4:
+        text = math_problem(i // 6)
+    else:
+        return [{"role": "user", "content": f"What is this about: {subject}?"},
+                {"role": "assistant", "content": passage.split("\n\n")[0]},
+                {"role": "user", "content": _FOLLOW_UPS[i // 6 % len(_FOLLOW_UPS)]}]
+    return [{"role": "user", "content": text}]
 
 
 def keyed(streams: Mapping[str, Iterable[list[int]]], keep: Callable[[str, list[int]], bool]) -> Iterator[tuple[str, list[int]]]:
