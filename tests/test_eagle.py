@@ -310,11 +310,12 @@ def test_train_drafter_on_the_targets_answers(pair, capsys, tmp_path):  # noqa: 
     target, _ = pair
     out = tmp_path / "drafter"
     common = ["train-drafter", "--target", str(target), "--dtype", "float32", "--out", str(out), "--corpus",
-              "answers", "--tokens", "1024", "--seq-len", "32", "--batch", "2", "--max-new-tokens", "8"]
+              "answers,chat", "--tokens", "1024", "--seq-len", "32", "--batch", "2", "--max-new-tokens", "8"]
     code, stdout, err = run_inline(capsys, *common, "--budget", "1s")
     assert code == 0, err
     assert "trained" in stdout and len(list((out / "features").glob("shard-*"))) == 2
-    assert (out / "features" / "answers.json").is_file()
+    done = json.loads((out / "features" / "answers.json").read_text())["done"]
+    assert {k.split(":")[0] for k in done} == {"answers", "chat"}  # both streams, in turn
     code, _, err = run_inline(capsys, *common[:-2], "--max-new-tokens", "300", "--budget", "1s")
     assert code == 0, err  # the features are there: nothing is generated again
     code, _, err = run_inline(capsys, *common[:-2], "--max-new-tokens", "300", "--out", str(tmp_path / "other"))
