@@ -209,7 +209,8 @@ def _chat_request(i: int, k: int, subject: str, passage: str) -> list[dict[str, 
     return [{"role": "user", "content": text}]
 
 
-def keyed(streams: Mapping[str, Iterable[list[int]]], keep: Callable[[str, list[int]], bool]) -> Iterator[tuple[str, list[int]]]:
+def keyed(streams: Mapping[str, Iterable[list[int]]],
+          keep: Callable[[str, list[int]], bool]) -> Iterator[tuple[str, list[int]]]:
     """Round-robin over named request streams, each request keyed "name:index" (stable whatever the other
     streams), taking from each stream only the requests `keep` accepts, so that a stream whose first requests a
     resumed run skips does not lose its turns."""
@@ -226,14 +227,15 @@ def keyed(streams: Mapping[str, Iterable[list[int]]], keep: Callable[[str, list[
                 yield nxt
 
 
-def answer_features(target: LlamaModel, streams: Mapping[str, Iterable[list[int]]], out: Path, settings: TrainSettings, *,
-                    eos_ids: tuple[int, ...], rows: int = 8, max_new_tokens: int = 256,
+def answer_features(target: LlamaModel, streams: Mapping[str, Iterable[list[int]]], out: Path,
+                    settings: TrainSettings, *, eos_ids: tuple[int, ...], rows: int = 8, max_new_tokens: int = 256,
                     progress: bool = True) -> list[Path]:
     """The target answers each request (chat-formatted token ids; named streams taken in turn, see `keyed`),
-    greedily, `rows` at a time, and its features come from those same forwards -- the prompt's prefill and each decoding step -- so
-    the drafter learns the target's own answers at no second pass. Prompt and answer, concatenated request after
-    request, fill the shards `cache_features` writes. Resumable: out/answers.json keys the requests already in
-    finished shards (bare numbers, from before there were several streams, are the code requests')."""
+    greedily, `rows` at a time, and its features come from those same forwards -- the prompt's prefill and each
+    decoding step -- so the drafter learns the target's own answers at no second pass. Prompt and answer,
+    concatenated request after request, fill the shards `cache_features` writes. Resumable: out/answers.json keys
+    the requests already in finished shards (bare numbers, from before there were several streams, are the code
+    requests')."""
     import json
 
     from safetensors.torch import save_file
