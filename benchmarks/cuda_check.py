@@ -11,6 +11,10 @@ lent machine), bfloat16 on CUDA:
 2. Greedy identity: plain decoding against the draft model's chain (synthetic acceptance, so that rounds accept
    and roll back) over several prompts, both ways.
 3. Costs: the target's forward over k tokens, the draft's one-token forward (c), both ways.
+4. Where rows part (`divergence`): every linear, RMSNorm and attention call of a k-token forward against the same
+   call in the k one-token steps -- the op kinds whose output rows differ although their input rows were equal,
+   and whether the same forward gives the same bits twice. Ways that pick one of torch's attention backends
+   (`math`, `flash`, `efficient`, `cudnn`) or deterministic algorithms (`deterministic`) say which choice is exact.
 
     python benchmarks/cuda_check.py --target random:DIR --draft random:DIR [--device cuda] [--pad 16]
 """
@@ -85,6 +89,125 @@ def padded_rows(pad: int, norms: bool = False) -> Iterator[None]:
         yield
     finally:
         llama.Linear.forward, llama.RMSNorm.forward = plain, plain_norm  # type: ignore[method-assign]
+
+
+@contextmanager
+def recording(model) -> Iterator[list[tuple[str, torch.Tensor, torch.Tensor]]]:
+    """(name, input, output) of every linear, RMSNorm and attention call the model makes, in order."""
+    calls: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+    hooks = [m.register_forward_hook(lambda mod, inp, out, name=name: calls.append((name, inp[0].clone(), out.clone())))
+             for name, m in model.named_modules() if isinstance(m, (llama.Linear, llama.RMSNorm))]
+    plain = llama.attention
+
+    def attention(*args, **kwargs):
+        attend = plain(*args, **kwargs)
+
+        def recorded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            out = attend(q, k, v)
+            calls.append(("attention", q.transpose(1, 2).clone(), out.transpose(1, 2).clone()))  # [B, T, H, D]
+            return out
+
+        return recorded
+
+    llama.attention = attention
+    try:
+        yield calls
+    finally:
+        llama.attention = plain
+        for h in hooks:
+            h.remove()
+
+
+def divergence(model, context: int, k: int, seed: int = 0) -> dict:
+    """Per op kind (wqkv, wo, w13, w2, attn_norm, ffn_norm, norm, lm_head, attention): calls of a k-token forward
+    whose input rows were bit-equal to the one-token steps' and how many of those gave a row other bits; the first
+    such call; and whether the k-token forward and a step give the same bits when run again."""
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(1000, 20000, (1, context), generator=gen).to(model.device)
+    new = torch.randint(1000, 20000, (1, k), generator=gen).to(model.device)
+    cache = model.new_cache(context + k + 2)
+    model.forward(prompt, cache, last_n=1)
+    cache.commit(context)
+    steps = []
+    for i in range(k):
+        with recording(model) as calls:
+            model.forward(new[:, i : i + 1], cache)
+        steps.append(calls)
+        cache.commit(1)
+    cache.rollback(k)
+    with recording(model) as wide:
+        first = model.forward(new, cache)
+    again = model.forward(new, cache)
+    cache.commit(k - 1)
+    cache.rollback(1)
+    step_again = [model.forward(new[:, k - 1 :], cache) for _ in range(2)]
+    kinds: dict[str, list[int]] = {}
+    first_part = None
+    for j, (name, inp, out) in enumerate(wide):
+        kind = name.rsplit(".", 1)[-1]
+        for i in range(k):
+            s_name, s_inp, s_out = steps[i][j]
+            assert s_name == name, (s_name, name)
+            if not torch.equal(inp.reshape(-1, *inp.shape[2:])[i], s_inp.reshape(-1, *s_inp.shape[2:])[0]):
+                continue
+            tally = kinds.setdefault(kind, [0, 0])
+            tally[0] += 1
+            if not torch.equal(out.reshape(-1, *out.shape[2:])[i], s_out.reshape(-1, *s_out.shape[2:])[0]):
+                tally[1] += 1
+                first_part = first_part or f"{name} (call {j}, row {i})"
+    return {"equal_in_differing_out": kinds, "first": first_part, "wide_repeats": torch.equal(first, again),
+            "step_repeats": torch.equal(*step_again)}
+
+
+@contextmanager
+def unfused_bias() -> Iterator[None]:
+    """Every linear layer with a bias adds it after the matmul instead of in it (cuBLASLt's fused epilogue)."""
+    plain = llama.Linear.forward
+
+    def forward(self: llama.Linear, x: torch.Tensor) -> torch.Tensor:
+        return plain(self, x) if self.bias is None else F.linear(x, self.weight) + self.bias
+
+    llama.Linear.forward = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        llama.Linear.forward = plain  # type: ignore[method-assign]
+
+
+@contextmanager
+def deterministic() -> Iterator[None]:
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@contextmanager
+def way(name: str, pad: int) -> Iterator[None]:
+    """One way of running the model, or several joined by '&': as run, rows padded (linear, linear+norm), one
+    attention backend (math, flash, efficient, cudnn), bias added after the matmul (unfused-bias), deterministic
+    algorithms (deterministic)."""
+    from contextlib import ExitStack
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+    padding = {"as run": (0, False), "linear": (pad, False), "linear+norm": (pad, True)}
+    with ExitStack() as stack:
+        for part in name.split("&"):
+            if part in padding:
+                stack.enter_context(padded_rows(*padding[part]))
+            elif part in backends:
+                stack.enter_context(sdpa_kernel([backends[part]]))
+            elif part == "unfused-bias":
+                stack.enter_context(unfused_bias())
+            elif part == "deterministic":
+                stack.enter_context(deterministic())
+            else:
+                raise SystemExit(f"unknown way {part!r}")
+        yield
 
 
 def sync(device: torch.device) -> None:
@@ -169,8 +292,10 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--out", default=None, help="write the figures here as JSON")
-    ap.add_argument("--ways", default="as run,linear,linear+norm", help="comma list of: as run, linear, linear+norm")
+    ap.add_argument("--ways", default="as run,linear,linear+norm", help="comma list of ways (see `way`), "
+                    "e.g. 'as run,math,unfused-bias&math'; deterministic wants CUBLAS_WORKSPACE_CONFIG=:4096:8")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--no-identity", action="store_true", help="skip the greedy identity runs (12-60 s a way)")
     args = ap.parse_args()
     t = load(args.target, dtype=args.dtype, device=args.device, progress=False).model
     d = load(args.draft, dtype=args.dtype, device=args.device, progress=False).model
@@ -183,18 +308,20 @@ def main() -> int:
     widths = [2, 3, 4, 5, 8, 16]
     results: dict = {"info": info}
     results["op_rows"] = timed("ops whose rows differ at k rows", lambda: op_rows(device, t.dtype, args.pad))
-    ways = {"as run": (0, False), "linear": (args.pad, False), "linear+norm": (args.pad, True)}
-    for way in args.ways.split(","):
-        with padded_rows(*ways[way]):
-            r = results[way] = {}
-            r["row_invariance"] = timed(f"{way}: row invariance", lambda: row_invariance(t, args.context, widths))
-            r["greedy_identity"] = timed(f"{way}: greedy identity", lambda: identity(
-                t, d, prompts, 4, args.new_tokens, 0.2))
+    for name in args.ways.split(","):
+        with way(name, args.pad):
+            r = results[name] = {}
+            r["row_invariance"] = timed(f"{name}: row invariance", lambda: row_invariance(t, args.context, widths))
+            r["divergence"] = timed(f"{name}: where rows part", lambda: {
+                k: divergence(t, args.context, k) for k in (2, 5)})
+            if not args.no_identity:
+                r["greedy_identity"] = timed(f"{name}: greedy identity", lambda: identity(
+                    t, d, prompts, 4, args.new_tokens, 0.2))
             if args.no_timing:
                 continue
-            r["target_ms"] = timed(f"{way}: target forward ms by k", lambda: {
+            r["target_ms"] = timed(f"{name}: target forward ms by k", lambda: {
                 k: round(forward_ms(t, args.context, k), 3) for k in [1, 2, 4, 8, 16, 32, 64]})
-            r["draft_ms"] = timed(f"{way}: draft one-token forward ms", lambda: round(forward_ms(d, args.context, 1), 3))
+            r["draft_ms"] = timed(f"{name}: draft one-token forward ms", lambda: round(forward_ms(d, args.context, 1), 3))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
