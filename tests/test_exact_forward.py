@@ -112,6 +112,29 @@ def test_each_exact_path_is_needed(bf16_target, monkeypatch, drop):
     pytest.fail("16 chunks got the same logits with the exact path dropped")
 
 
+def test_the_gpus_way_of_attending_gives_each_query_its_step_bits(bf16_target, monkeypatch):
+    """On a GPU every query of a verification forward is attended by one_query_attention, as a decoding step's is
+    (torch's cuDNN attention gave the same query other bits from call to call there). Forced here on the CPU's
+    tensors: the chunk's logits equal the steps' bit for bit, and one_query_attention agrees with torch's."""
+    plain = llama.attention
+    monkeypatch.setattr(llama, "attention", lambda mask, batch, kv_dtype, device, scale=None: plain(
+        mask, batch, kv_dtype, torch.device("cuda"), scale))
+    gen = torch.Generator().manual_seed(7)
+    for width in (2, 5, 9):
+        tokens = torch.randint(0, CFG.vocab_size, (1, 40 + width), generator=gen)
+        wide, steps = _steps(bf16_target, tokens[:, :40], tokens[:, 40:])
+        assert torch.equal(wide, steps)
+    q = torch.randn(2, 12, 1, 64, generator=gen)
+    k, v = (torch.randn(2, 2, 37, 64, generator=gen) for _ in range(2))
+    for scale in (None, 0.3):
+        torch.testing.assert_close(llama.one_query_attention(q, k, v, scale=scale),
+                                   llama.torch_attention(q, k, v, scale=scale), atol=1e-5, rtol=1e-5)
+    mask = torch.ones(3, 37, dtype=torch.bool).tril(34)
+    q3 = torch.randn(2, 12, 3, 64, generator=gen)
+    torch.testing.assert_close(llama.gpu_attention(q3, k, v, mask), llama.torch_attention(q3, k, v, mask),
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_speculative_greedy_equals_plain_in_bf16(bf16_target):
     """A draft that is the target itself at another seed's noise: rounds accept, reject and roll back, and the
     output is plain decoding's, token for token."""

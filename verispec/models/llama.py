@@ -290,22 +290,57 @@ def attention(mask: Tensor | None, batch: int, kv_dtype: torch.dtype, device: to
         mask = mask[None, None]
     seen = ([seen_prefixes(m[0]) for m in mask.expand(batch, -1, -1, -1)]
             if mask is not None and batch * mask.shape[-2] <= EXACT_ATTENTION_MAX else None)
+    gpu = device.type == "cuda"
+    alone = one_query_attention if gpu else torch_attention
+    whole = gpu_attention if gpu else torch_attention
 
     def sdpa(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        gqa = k.shape[1] != q.shape[1]
         if seen is None:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa, scale=scale)
+            return alone(q, k, v, scale=scale) if mask is None and q.shape[2] == 1 else whole(q, k, v, mask, scale)
         # the masked call covers only the query positions some row cannot attend alone
         rest = sorted({i for row in seen for i, n in enumerate(row) if n is None})
         at = {i: j for j, i in enumerate(rest)}
-        masked = F.scaled_dot_product_attention(
-            q[:, :, rest], k, v, attn_mask=mask[..., rest, :], enable_gqa=gqa, scale=scale) if rest else None
+        masked = whole(q[:, :, rest], k, v, mask[..., rest, :], scale) if rest else None
         return torch.cat([torch.cat([
-            masked[b : b + 1, :, at[i] : at[i] + 1] if n is None else F.scaled_dot_product_attention(
-                q[b : b + 1, :, i : i + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n], enable_gqa=gqa, scale=scale)
+            masked[b : b + 1, :, at[i] : at[i] + 1] if n is None else alone(
+                q[b : b + 1, :, i : i + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n], scale=scale)
             for i, n in enumerate(row)], dim=2) for b, row in enumerate(seen)], dim=0)
 
     return sdpa
+
+
+def torch_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                    scale: float | None = None) -> Tensor:
+    """torch's attention, k and v with fewer heads than q where the model groups its queries (GQA)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1], scale=scale)
+
+
+def one_query_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
+    """Attention of one query a row (q [B, H, 1, D]) in float32: two batched matmuls and a softmax, every query
+    head that shares a key head in one matmul (no copy of the cache). On a GPU this replaces torch's attention,
+    whose one backend for grouped heads there (cuDNN's) gave the same query other bits from one call to the next
+    and built a new graph, ~2 ms of CPU, for each new key count: for every layer of every decoding step
+    (benchmarks/results/2026-11-27-h200-cuda-check). Deterministic, and a function of (query, keys) alone, so a
+    verification forward attends each query exactly as a decoding step does."""
+    b, h, _, d = q.shape
+    kv = k.shape[1]
+    qg = q.reshape(b, kv, h // kv, d).float()  # [B, KV, H / KV, D]: the query heads of each key head
+    scores = torch.matmul(qg, k.float().transpose(-1, -2)) * (d**-0.5 if scale is None else scale)
+    out = torch.matmul(scores.softmax(-1), v.float())  # [B, KV, H / KV, D]
+    return out.reshape(b, h, 1, d).to(q.dtype)
+
+
+def gpu_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                  scale: float | None = None) -> Tensor:
+    """Many queries (a prompt, a wide tree) on a GPU: torch's attention without cuDNN's backend (see
+    one_query_attention), the keys' heads repeated so that the memory-efficient kernel, deterministic in its
+    forward, can take grouped heads."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if k.shape[1] != q.shape[1]:
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
 def llama3_freq_factors(head_dim: int, theta: float, factor: float, low_freq_factor: float,
