@@ -122,12 +122,7 @@ def divergence(model, context: int, k: int, seed: int = 0) -> dict:
     """Per op kind (wqkv, wo, w13, w2, attn_norm, ffn_norm, norm, lm_head, attention): calls of a k-token forward
     whose input rows were bit-equal to the one-token steps' and how many of those gave a row other bits; the first
     such call; and whether the k-token forward and a step give the same bits when run again."""
-    gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(1000, 20000, (1, context), generator=gen).to(model.device)
-    new = torch.randint(1000, 20000, (1, k), generator=gen).to(model.device)
-    cache = model.new_cache(context + k + 2)
-    model.forward(prompt, cache, last_n=1)
-    cache.commit(context)
+    cache, new = primed(model, context, k, seed)
     steps = []
     for i in range(k):
         with recording(model) as calls:
@@ -175,6 +170,19 @@ def unfused_bias() -> Iterator[None]:
 
 
 @contextmanager
+def one_query_calls() -> Iterator[None]:
+    """Queries attended one call each (llama.one_query_attention) instead of in one Triton launch."""
+    from verispec.models import triton_attention
+
+    plain = triton_attention.available
+    triton_attention.available = lambda: False
+    try:
+        yield
+    finally:
+        triton_attention.available = plain
+
+
+@contextmanager
 def deterministic() -> Iterator[None]:
     torch.use_deterministic_algorithms(True)
     try:
@@ -187,7 +195,7 @@ def deterministic() -> Iterator[None]:
 def way(name: str, pad: int) -> Iterator[None]:
     """One way of running the model, or several joined by '&': as run, rows padded (linear, linear+norm), one
     attention backend (math, flash, efficient, cudnn), bias added after the matmul (unfused-bias), deterministic
-    algorithms (deterministic)."""
+    algorithms (deterministic), each query in its own call instead of one Triton launch (one-query-calls)."""
     from contextlib import ExitStack
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -205,6 +213,8 @@ def way(name: str, pad: int) -> Iterator[None]:
                 stack.enter_context(unfused_bias())
             elif part == "deterministic":
                 stack.enter_context(deterministic())
+            elif part == "one-query-calls":
+                stack.enter_context(one_query_calls())
             else:
                 raise SystemExit(f"unknown way {part!r}")
         yield
@@ -215,16 +225,22 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def primed(model, context: int, k: int, seed: int) -> tuple[object, torch.Tensor]:
+    """A cache holding a random prompt of `context` tokens, and k random tokens [1, k] to go on with."""
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(1000, 20000, (1, context), generator=gen).to(model.device)
+    new = torch.randint(1000, 20000, (1, k), generator=gen).to(model.device)
+    cache = model.new_cache(context + k + 2)
+    model.forward(prompt, cache, last_n=1)
+    cache.commit(context)
+    return cache, new
+
+
 def row_invariance(model, context: int, widths: list[int], seed: int = 0) -> dict[int, dict]:
     """Per k: rows of a k-token forward bit-equal to the one-token steps', the largest |logit difference|, and
     argmaxes that differ."""
-    gen = torch.Generator().manual_seed(seed)
     k_max = max(widths)
-    prompt = torch.randint(1000, 20000, (1, context), generator=gen).to(model.device)
-    new = torch.randint(1000, 20000, (1, k_max), generator=gen).to(model.device)
-    cache = model.new_cache(context + k_max + 2)
-    model.forward(prompt, cache, last_n=1)
-    cache.commit(context)
+    cache, new = primed(model, context, k_max, seed)
     steps = []
     for i in range(k_max):
         steps.append(model.forward(new[:, i : i + 1], cache)[0, -1].float())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -23,6 +25,22 @@ def _one_thread_after_each_test():
     """The CLI's commands set torch to every core (models.load.default_threads); put it back for the next test."""
     yield
     torch.set_num_threads(1)
+
+
+# Without a GPU, a Triton kernel (verispec.models.triton_attention) can only run in Triton's interpreter, on CPU
+# tensors; it must be chosen before Triton is first imported, which some torch paths do on their own.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def triton_on_cpu() -> None:
+    """Run Triton kernels with Triton's interpreter on CPU tensors, or skip: where Triton is missing (CPU builds of
+    torch come without it; the test extra installs it) or where a GPU would run them for real."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU runs the Triton kernels for real: benchmarks/cuda_check.py checks them there")
+    pytest.importorskip("triton", reason="Triton is not installed (pip install -e '.[test]' installs it)")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("TRITON_INTERPRET is set to something else than 1")
 
 
 def tiny_config(vocab_size: int = 6, *, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,

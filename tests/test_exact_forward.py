@@ -16,6 +16,7 @@ from verispec.engine import GenerationParams, generate
 from verispec.models.kernels import ATTENTION_ENV
 from verispec.models.llama import LlamaConfig, LlamaModel, seen_prefixes
 from verispec.proposers.draft_model import DraftModelProposer
+from tests.conftest import triton_on_cpu
 
 # The real target's widths (Qwen2.5-1.5B: 1536 wide, 12 heads of 128, 2 KV heads): smaller matmuls take the same
 # kernel path at one row as at several, and would hide what the one-row path does.
@@ -112,10 +113,18 @@ def test_each_exact_path_is_needed(bf16_target, monkeypatch, drop):
     pytest.fail("16 chunks got the same logits with the exact path dropped")
 
 
-def test_the_gpus_way_of_attending_gives_each_query_its_step_bits(bf16_target, monkeypatch):
-    """On a GPU every query of a verification forward is attended by one_query_attention, as a decoding step's is
-    (torch's cuDNN attention gave the same query other bits from call to call there). Forced here on the CPU's
-    tensors: the chunk's logits equal the steps' bit for bit, and one_query_attention agrees with torch's."""
+@pytest.mark.parametrize("fused", [False, True], ids=["one-query-calls", "triton"])
+def test_the_gpus_way_of_attending_gives_each_query_its_step_bits(bf16_target, monkeypatch, fused):
+    """On a GPU every query of a verification forward is attended on its own, as a decoding step's is (torch's
+    cuDNN attention gave the same query other bits from call to call there): in one Triton launch
+    (triton_attention), else one_query_attention a query. Forced here on the CPU's tensors (Triton's interpreter):
+    the chunk's logits equal the steps' bit for bit, and one_query_attention agrees with torch's."""
+    from verispec.models import triton_attention
+
+    if fused:
+        triton_on_cpu()
+    else:
+        monkeypatch.setattr(triton_attention, "available", lambda: False)
     plain = llama.attention
     monkeypatch.setattr(llama, "attention", lambda mask, batch, kv_dtype, device, scale=None: plain(
         mask, batch, kv_dtype, torch.device("cuda"), scale))

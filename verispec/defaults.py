@@ -101,10 +101,12 @@ def default_draft_vocab(draft_dtype: str, device: str = DEFAULT_DEVICE) -> int |
     return 65536 if device == "cpu" and draft_dtype.startswith("w4a8") else None
 
 
-def default_verify_cost(device: str = DEFAULT_DEVICE, *, kernel_isa: str | None = None) -> list[tuple[int, float]]:
+def default_verify_cost(device: str = DEFAULT_DEVICE, *, kernel_isa: str | None = None,
+                        triton: bool | None = None) -> list[tuple[int, float]]:
     """A target forward over k tokens in one-token units, (k, cost) points, for strategies that choose their
     draft length per round (`auto`) before they have measured anything. kernel_isa: the w4a8 kernel build the
-    target runs on (None: not a w4a8 target).
+    target runs on (None: not a w4a8 target). triton: on a GPU, whether Triton attends a forward's queries in one
+    launch (None: whether it can be imported).
 
     On a CPU a w4a8 target's few-row matmuls are compute-bound: with the AVX-512 VNNI build 2 tokens cost ~1.05x
     a step, 5 tokens 1.25x, 9 1.65x, 16 ~2.9x; with the AVX2 build 1.08x, 1.32x, 2.1x and ~3.45x (the Intel Xeon,
@@ -117,19 +119,26 @@ def default_verify_cost(device: str = DEFAULT_DEVICE, *, kernel_isa: str | None 
     cheaper (AVX-512 1.09 / 1.32 / 1.7 / 2.42x, AVX2 1.15 / 1.44 / 2.33 / 3.74x), those curves drafted shorter and
     ran no faster (1.349 vs 1.362x, 1.246 vs 1.251x plain decoding greedy: 2026-11-25-xeon-prefetch-l2), so these
     stay. A bf16 target is bound by reading 3 GB of weights (5 tokens ~1.05x, 9
-    ~1.3x). On a GPU an eager forward is bound by its kernel launches, and a forward of up to 16 tokens attends
-    each of them on its own (llama.EXACT_ATTENTION_MAX, llama.one_query_attention): an H200 with random weights of
-    the 1.5B target's shapes took 21.6 / 28.4 / 35.6 / 51.0 / 82.2 ms for 1 / 2 / 4 / 8 / 16 tokens
-    (benchmarks/cuda_check.py, 2026-11-27, run 4; the curve before, 1.2x for 2 and 2.19x for 16, was measured with
-    torch's cuDNN attention, which was not exact there).
+    ~1.3x). On a GPU an eager forward is bound by its kernel launches; a forward of up to 16 tokens attends each
+    of them on its own (llama.EXACT_ATTENTION_MAX) in one Triton launch (models.triton_attention): an H200 with
+    random weights of the 1.5B target's shapes took 23.3 / 19.7 / 19.3 / 20.9 / 25.6 ms for 1 / 2 / 4 / 8 / 16
+    tokens (benchmarks/cuda_check.py, 2026-11-27, run 5; the one-token figure, above the two-token one, taken as
+    19.7). Without Triton one call a query: 19.4 / 27.0 / 32.3 / 45.0 / 69.1 ms (run 5's one-query-calls). The
+    curve before, 1.2x for 2 and 2.19x for 16, was measured with torch's cuDNN attention, not exact there.
 
     >>> default_verify_cost("cpu", kernel_isa="avx512")[2], default_verify_cost("cpu", kernel_isa="avx2")[2]
     ((5, 1.25), (5, 1.32))
-    >>> default_verify_cost("cuda")
-    [(1, 1.0), (2, 1.31), (4, 1.65), (8, 2.36), (16, 3.8)]
+    >>> default_verify_cost("cuda", triton=True), default_verify_cost("cuda", triton=False)[-1]
+    ([(1, 1.0), (2, 1.0), (4, 1.0), (8, 1.06), (16, 1.3)], (16, 3.56))
     """
     if device != "cpu":
-        return [(1, 1.0), (2, 1.31), (4, 1.65), (8, 2.36), (16, 3.8)]
+        if triton is None:
+            from verispec.models.triton_attention import available
+
+            triton = available()
+        if triton:
+            return [(1, 1.0), (2, 1.0), (4, 1.0), (8, 1.06), (16, 1.3)]
+        return [(1, 1.0), (2, 1.39), (4, 1.66), (8, 2.32), (16, 3.56)]
     if kernel_isa == "avx2":
         return [(1, 1.0), (2, 1.08), (5, 1.32), (9, 2.1), (16, 3.45)]
     if kernel_isa is not None:

@@ -279,7 +279,9 @@ def attention(mask: Tensor | None, batch: int, kv_dtype: torch.dtype, device: to
     keys each query sees), None for one token that sees them all. scale: of the scores (None: head_dim ** -0.5).
 
     On a CPU with a float32 cache: verispec's kernel, each query on its own. Elsewhere torch's attention, with the
-    queries that see a plain prefix attended one at a time in forwards of up to EXACT_ATTENTION_MAX tokens."""
+    queries that see a plain prefix attended one at a time in forwards of up to EXACT_ATTENTION_MAX tokens; on a GPU
+    with Triton those, and a decoding step's query, in one launch of triton_attention.prefix_attention."""
+    from verispec.models import triton_attention
     from verispec.models.kernels import attention_kernel
 
     kernel = attention_kernel() if device.type == "cpu" and kv_dtype == torch.float32 else None
@@ -293,14 +295,28 @@ def attention(mask: Tensor | None, batch: int, kv_dtype: torch.dtype, device: to
     gpu = device.type == "cuda"
     alone = one_query_attention if gpu else torch_attention
     whole = gpu_attention if gpu else torch_attention
+    one_launch = gpu and triton_attention.available()  # every query on its own in one launch, where shapes allow
 
     def sdpa(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        fused = one_launch and triton_attention.supports(q.shape[1], k.shape[1], q.shape[3])
         if seen is None:
-            return alone(q, k, v, scale=scale) if mask is None and q.shape[2] == 1 else whole(q, k, v, mask, scale)
+            if mask is not None or q.shape[2] != 1:
+                return whole(q, k, v, mask, scale)
+            if fused:
+                return triton_attention.prefix_attention(q, k, v, torch.full((q.shape[0], 1), k.shape[2]), scale)
+            return alone(q, k, v, scale=scale)
         # the masked call covers only the query positions some row cannot attend alone
         rest = sorted({i for row in seen for i, n in enumerate(row) if n is None})
         at = {i: j for j, i in enumerate(rest)}
         masked = whole(q[:, :, rest], k, v, mask[..., rest, :], scale) if rest else None
+        if fused:
+            out = triton_attention.prefix_attention(
+                q, k, v, torch.tensor([[n or 1 for n in row] for row in seen]), scale)
+            for b, row in enumerate(seen):
+                for i, n in enumerate(row):
+                    if n is None:
+                        out[b, :, i] = masked[b, :, at[i]]
+            return out
         return torch.cat([torch.cat([
             masked[b : b + 1, :, at[i] : at[i] + 1] if n is None else alone(
                 q[b : b + 1, :, i : i + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n], scale=scale)
