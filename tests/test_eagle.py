@@ -277,6 +277,32 @@ def test_drafter_directory_round_trip(wide_target, eagle, tmp_path):
         load_drafter(tmp_path / "bad", wide_target)
 
 
+def test_a_drafter_on_the_kernel_keeps_fc_in_bf16_where_the_cpu_has_bf16(wide_target, eagle, tmp_path):
+    """load_drafter(quantize_kind=...) (a w4a8 target's drafter) runs fc on bf16 weights where the CPU has native
+    bf16 and on float32 ones elsewhere; either way fc's output stays close to the float layer's and greedy output
+    is plain decoding's."""
+    from verispec.models.eagle import Bf16Linear
+    from verispec.models.kernels import KernelError, cpu_flags
+
+    eagle.save(tmp_path / "d")
+    try:
+        quantized = load_drafter(tmp_path / "d", wide_target, quantize_kind="w4a8-4bit")
+    except KernelError as e:
+        pytest.skip(f"no w4a8 kernel here: {e}")
+    native = "avx512_bf16" in cpu_flags()
+    assert isinstance(quantized.fc, Bf16Linear) == native
+    x = torch.randn(3, 2 * wide_target.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = quantized.fc(x)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, eagle.fc(x), atol=0.05, rtol=0.02)
+    prompt = [3, 1, 4, 1, 5]
+    plain = generate(wide_target, prompt, GenerationParams(max_new_tokens=20))
+    spec = generate(wide_target, prompt, GenerationParams(max_new_tokens=20, gamma=3),
+                    EagleProposer(quantized, 40, wide_target.vocab_size))
+    assert spec.token_ids == plain.token_ids and spec.metrics.accepted > 0
+
+
 def test_train_drafter_command_trains_resumes_and_drafts(pair, capsys, tmp_path):  # noqa: F811
     target, _ = pair
     out = tmp_path / "drafter"
