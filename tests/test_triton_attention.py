@@ -52,3 +52,22 @@ def test_shapes_it_cannot_take_are_refused_and_attended_a_query_a_call():
     expect = torch.cat([llama.one_query_attention(q[:, :, i : i + 1], k[:, :, : 7 + i], v[:, :, : 7 + i])
                         for i in range(3)], dim=2)
     assert torch.equal(attend(q, k, v), expect)
+
+
+def test_available_runs_a_launch_and_says_no_where_it_fails(monkeypatch, caplog):
+    """available() launches a small problem on the device and compares it with attention computed plainly; a Triton
+    that cannot launch (or computes wrong) makes it False with a warning, so forwards attend a query a call."""
+    triton_attention.available.cache_clear()
+    try:
+        assert triton_attention.available("cpu")  # the interpreter, on CPU tensors
+        triton_attention.available.cache_clear()
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("no C compiler for the launcher")
+
+        monkeypatch.setattr(triton_attention, "prefix_attention", broken)
+        with caplog.at_level("WARNING"):
+            assert not triton_attention.available("cpu")
+        assert "no C compiler" in caplog.text
+    finally:
+        triton_attention.available.cache_clear()

@@ -295,7 +295,7 @@ def attention(mask: Tensor | None, batch: int, kv_dtype: torch.dtype, device: to
     gpu = device.type == "cuda"
     alone = one_query_attention if gpu else torch_attention
     whole = gpu_attention if gpu else torch_attention
-    one_launch = gpu and triton_attention.available()  # every query on its own in one launch, where shapes allow
+    one_launch = gpu and triton_attention.available(str(device))  # all queries alone in one launch, where shapes allow
 
     def sdpa(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         fused = one_launch and triton_attention.supports(q.shape[1], k.shape[1], q.shape[3])

@@ -6,17 +6,21 @@ attends its one: the same bits whatever other queries share the forward. torch's
 (`llama.one_query_attention`) made a 16-token forward cost 3.8 one-token steps there, kernel launches all.
 
 Here one program attends one query (all the query heads that share a key head, padded to 16 rows) over its own
-first n keys, in float32 (as one_query_attention), in blocks of BLOCK_N keys with an online softmax: a query's instructions depend on its q, its n
-keys and the block sizes, never on how many queries the launch holds or how long the cache is, so the step and
-the verification give it the same bits by construction. A decoding step is a launch with one query.
+first n keys, in float32 (as one_query_attention), in blocks of BLOCK_N keys with an online softmax: a query's
+instructions depend on its q, its n keys and the block sizes, never on how many queries the launch holds or how
+long the cache is, so the step and the verification give it the same bits by construction. A decoding step is a
+launch with one query.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 from torch import Tensor
+
+log = logging.getLogger("verispec.models.triton_attention")
 
 BLOCK_N = 64  # keys a block (fixed: a query's reduction order must not depend on anything but its keys)
 ROWS = 16  # query heads a program holds, padded (tl.dot's smallest tile)
@@ -67,13 +71,29 @@ def _kernel():  # compiled on first use: importing triton costs ~1 s, and CPUs n
 
 
 @functools.cache
-def available() -> bool:
-    """Whether Triton can be imported (it ships with torch's CUDA builds)."""
+def available(device: str = "cuda") -> bool:
+    """Whether prefix_attention runs on `device`: Triton imports, and a small launch there gives what torch's
+    attention gives. A Triton that cannot build its launcher (no C compiler, say) then costs a call a query, not
+    every forward's failure."""
     try:
         import triton  # noqa: F401
     except ImportError:
         return False
-    return True
+    try:
+        gen = torch.Generator().manual_seed(0)
+        q = torch.randn(1, 4, 2, 16, generator=gen).to(device)
+        k, v = (torch.randn(1, 2, 6, 16, generator=gen).to(device) for _ in range(2))
+        got = prefix_attention(q, k, v, torch.tensor([[5, 6]]))
+        want = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, i : i + 1], k[:, :, :n], v[:, :, :n], enable_gqa=True) for i, n in enumerate((5, 6))], dim=2)
+        if torch.allclose(got, want, atol=1e-4, rtol=1e-4):
+            return True
+        reason = f"it differs from attention computed plainly by {float((got - want).abs().max()):.2e}"
+    except Exception as e:  # noqa: BLE001 - any failure means: do not use it
+        reason = f"{type(e).__name__}: {e}"
+    log.warning("Triton's attention cannot run on %s (%s): each query is attended in a call of its own", device,
+                reason)
+    return False
 
 
 def supports(heads: int, kv_heads: int, head_dim: int) -> bool:
