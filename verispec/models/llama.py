@@ -296,6 +296,16 @@ def attention(mask: Tensor | None, batch: int, kv_dtype: torch.dtype, device: to
     alone = one_query_attention if gpu else torch_attention
     whole = gpu_attention if gpu else torch_attention
     one_launch = gpu and triton_attention.available(str(device))  # all queries alone in one launch, where shapes allow
+    counts: dict[tuple[int, int], Tensor] = {}
+
+    def launch_counts(q: Tensor, k: Tensor) -> Tensor:
+        """The keys each query of a launch sees [B, T], put on the device once for the forward, not at every layer:
+        a step's query sees them all; a verification's, its prefix (1 where the masked call attends it instead)."""
+        key = (q.shape[0], k.shape[2])
+        if key not in counts:
+            rows = [[k.shape[2]]] * q.shape[0] if seen is None else [[n or 1 for n in row] for row in seen]
+            counts[key] = torch.tensor(rows, dtype=torch.int32, device=q.device)
+        return counts[key]
 
     def sdpa(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         fused = one_launch and triton_attention.supports(q.shape[1], k.shape[1], q.shape[3])
@@ -303,15 +313,14 @@ def attention(mask: Tensor | None, batch: int, kv_dtype: torch.dtype, device: to
             if mask is not None or q.shape[2] != 1:
                 return whole(q, k, v, mask, scale)
             if fused:
-                return triton_attention.prefix_attention(q, k, v, torch.full((q.shape[0], 1), k.shape[2]), scale)
+                return triton_attention.prefix_attention(q, k, v, launch_counts(q, k), scale)
             return alone(q, k, v, scale=scale)
         # the masked call covers only the query positions some row cannot attend alone
         rest = sorted({i for row in seen for i, n in enumerate(row) if n is None})
         at = {i: j for j, i in enumerate(rest)}
         masked = whole(q[:, :, rest], k, v, mask[..., rest, :], scale) if rest else None
         if fused:
-            out = triton_attention.prefix_attention(
-                q, k, v, torch.tensor([[n or 1 for n in row] for row in seen]), scale)
+            out = triton_attention.prefix_attention(q, k, v, launch_counts(q, k), scale)
             for b, row in enumerate(seen):
                 for i, n in enumerate(row):
                     if n is None:
