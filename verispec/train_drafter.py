@@ -46,6 +46,9 @@ class TrainSettings:
     budget_s: float = 30 * 60.0  # training seconds (features not counted)
     checkpoint_s: float = 300.0
     cls_weight: float = 0.1  # EAGLE's weight of the distribution loss beside the feature loss
+    depth: int = 1  # EAGLE: draft steps each anchor is trained on, step n reading step n-1's prediction
+    # (EAGLE-3's training-time test; 1 is teacher forcing alone); step n's loss weighs step_decay ** (n - 1)
+    step_decay: float = 0.8
     seed: int = 0
     bf16: bool = False  # matmuls in bfloat16 under autocast (weights and optimizer stay float32): 1.9x faster a
     # step where the CPU has AVX-512 BF16 (emulated, and slower, elsewhere)
@@ -372,19 +375,39 @@ def cache_features(target: LlamaModel, pieces: Iterator[list[int]], out: Path, s
     return shards
 
 
-def losses(drafter: EagleDrafter, head: Tensor, tokens: Tensor, features: Tensor,
-           cls_weight: float) -> tuple[Tensor, Tensor, Tensor]:
-    """(loss, feature loss, agreement): the drafter reads pairs (h_t, x_t+1) and predicts h_t+1."""
-    inputs, nxt, target = features[:, :-1].float(), tokens[:, 1:].long(), features[:, 1:].float()
-    pred = drafter.train_forward(nxt, inputs)  # [B, T-1, H]
-    reg = F.smooth_l1_loss(pred, target)
-    student = F.linear(drafter.norm(pred), head)  # [B, T-1, V']
-    with torch.no_grad():
-        teacher = F.linear(drafter.norm(target), head)
+def losses(drafter: EagleDrafter, head: Tensor, tokens: Tensor, features: Tensor, cls_weight: float,
+           depth: int = 1, step_decay: float = 0.8) -> tuple[Tensor, Tensor, Tensor]:
+    """(loss, feature loss, agreement) of step 1: the drafter reads pairs (h_t, x_t+1) and predicts h_t+1; with
+    depth > 1 also steps 2..depth from its own predictions (`EagleDrafter.train_unrolled`), each against the
+    target's feature and distribution there, weighted step_decay ** (n - 1)."""
+    preds = drafter.train_unrolled(tokens.long(), features.float(), depth)  # n-th: [B, T-n, H]
+    with torch.no_grad():  # the target's distributions at positions 1.., which step n reads from n on
+        teacher = F.linear(drafter.norm(features[:, 1:].float()), head)
         p = teacher.softmax(-1)
-    cls = -(p * student.log_softmax(-1)).sum(-1).mean()
-    agree = (student.argmax(-1) == teacher.argmax(-1)).float().mean()
-    return reg + cls_weight * cls, reg, agree
+    total, first_reg, first_agree = features.new_zeros((), dtype=torch.float32), None, None
+    for n, pred in enumerate(preds, start=1):
+        reg = F.smooth_l1_loss(pred, features[:, n:].float())
+        student = F.linear(drafter.norm(pred), head)  # [B, T-n, V']
+        cls = -(p[:, n - 1 :] * student.log_softmax(-1)).sum(-1).mean()
+        total = total + step_decay ** (n - 1) * (reg + cls_weight * cls)
+        if n == 1:
+            first_reg, first_agree = reg, (student.argmax(-1) == teacher.argmax(-1)).float().mean()
+    assert first_reg is not None and first_agree is not None
+    return total, first_reg, first_agree
+
+
+VALIDATION_STEPS = 3  # draft steps whose agreement an EAGLE drafter's validation reports
+
+
+def step_agreements(drafter: EagleDrafter, tokens: Tensor, features: Tensor, depth: int) -> list[float]:
+    """How often draft step n's guess (n = 1..depth, each step reading the drafter's own previous one, the true
+    tokens fed) is the target's argmax: a chain's acceptance at each position given the earlier ones accepted."""
+    head = drafter.lm_head.weight
+    with torch.no_grad():
+        preds = drafter.train_unrolled(tokens.long(), features.float(), depth)
+        return [float((F.linear(drafter.norm(pred), head).argmax(-1)
+                       == F.linear(drafter.norm(features[:, n:].float()), head).argmax(-1)).float().mean())
+                for n, pred in enumerate(preds, start=1)]
 
 
 def medusa_losses(heads: MedusaHeads, head: Tensor, features: Tensor, decay: float = 0.8) -> tuple[Tensor, Tensor]:
@@ -412,7 +435,8 @@ def loss_fn(drafter: Drafter, settings: TrainSettings) -> LossFn:
         return lambda tokens, features: medusa_losses(drafter, head, features)
 
     def eagle(tokens: Tensor, features: Tensor) -> tuple[Tensor, Tensor]:
-        loss, _, agree = losses(drafter, head, tokens, features, settings.cls_weight)
+        loss, _, agree = losses(drafter, head, tokens, features, settings.cls_weight, settings.depth,
+                                settings.step_decay)
         return loss, agree
 
     return eagle
@@ -443,18 +467,27 @@ def train(drafter: Drafter, shards: list[Path], out: Path, settings: TrainSettin
     gen = torch.Generator().manual_seed(settings.seed + step)
 
     def validate() -> float:
+        """Held-out agreement of the first guess; an EAGLE drafter's later draft steps' are logged too."""
+        nonlocal by_step
         drafter.eval()
         agree = []
         with torch.no_grad():
             for i in range(0, val["tokens"].shape[0], settings.batch):
+                tok, feat = val["tokens"][i : i + settings.batch], val["features"][i : i + settings.batch]
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
-                    agree.append(float(objective(val["tokens"][i : i + settings.batch],
-                                                 val["features"][i : i + settings.batch])[1]))
+                    agree.append(step_agreements(drafter, tok, feat, VALIDATION_STEPS)
+                                 if isinstance(drafter, EagleDrafter) else [float(objective(tok, feat)[1])])
         drafter.train()
-        return sum(agree) / len(agree)
+        by_step = [sum(a) / len(agree) for a in zip(*agree)]
+        return by_step[0]
 
+    def later() -> str:
+        return "" if len(by_step) < 2 else f" (draft steps 2-{len(by_step)} after it: " + \
+            ", ".join(f"{a:.3f}" for a in by_step[1:]) + ")"
+
+    by_step: list[float] = []
     first = validate()
-    log(f"validation before training (step {step}): first-token agreement {first:.3f}")
+    log(f"validation before training (step {step}): first-token agreement {first:.3f}{later()}")
     bar = tqdm(total=int(settings.budget_s), unit="s", desc="training", disable=not progress, initial=int(used))
     last_save, start = time.perf_counter(), time.perf_counter() - used
     recent: list[float] = []
@@ -484,14 +517,15 @@ def train(drafter: Drafter, shards: list[Path], out: Path, settings: TrainSettin
             score = validate()
             _checkpoint(drafter, opt, step, used, out)
             log(f"step {step}, {used / 60:.1f} min: train agreement {sum(recent) / len(recent):.3f}, "
-                f"validation {score:.3f} (saved)")
+                f"validation {score:.3f}{later()} (saved)")
             last_save = time.perf_counter()
             start += last_save - now  # validation and saving are not training time
     bar.close()
     score = validate()
     _checkpoint(drafter, opt, step, used, out)
     drafter.eval()
-    return {"steps": step, "seconds": used, "validation_agreement": score, "initial_agreement": first}
+    return {"steps": step, "seconds": used, "validation_agreement": score, "initial_agreement": first,
+            **{f"validation_agreement_step{n}": a for n, a in enumerate(by_step[1:], start=2)}}
 
 
 def _checkpoint(drafter: Drafter, opt: torch.optim.Optimizer, step: int, used: float, out: Path) -> None:

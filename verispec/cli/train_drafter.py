@@ -47,6 +47,10 @@ def add_parser(sub, default_target: str) -> None:
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: %(default)s)")
     p.add_argument("--batch", type=int, default=4, help="sequences a step (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=256, help="tokens a sequence (default: %(default)s)")
+    p.add_argument("--depth", type=int, default=1,
+                   help="eagle: draft steps trained from each position, step n reading the drafter's own step n-1 "
+                        "(EAGLE-3's training-time test; 1: teacher forcing; each step costs about one more "
+                        "forward; default: %(default)s)")
     p.set_defaults(run=run)
 
 
@@ -72,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
              f"own answers; the two kinds do not mix); got {args.corpus!r}")
     for flag, value in (("--tokens", args.tokens), ("--batch", args.batch), ("--seq-len", args.seq_len),
                         ("--head-vocab", args.head_vocab), ("--intermediate", args.intermediate),
-                        ("--heads", args.heads), ("--max-new-tokens", args.max_new_tokens)):
+                        ("--heads", args.heads), ("--max-new-tokens", args.max_new_tokens), ("--depth", args.depth)):
         if value < 1:
             fail(f"{flag} must be at least 1, got {value}")
     if not 0 < args.lr < 1:
@@ -80,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from verispec.models.kernels import cpu_flags
 
     settings = TrainSettings(seq_len=args.seq_len, tokens=args.tokens, batch=args.batch, lr=args.lr,
-                             budget_s=args.budget, bf16="avx512_bf16" in cpu_flags())
+                             budget_s=args.budget, bf16="avx512_bf16" in cpu_flags(), depth=args.depth)
     args.device = "cpu"
     resolve_dtype(args)
     default_threads()
@@ -131,6 +135,10 @@ def run(args: argparse.Namespace) -> int:
         fail(str(e))
     print(f"trained {result['steps']} steps in {result['seconds'] / 60:.1f} min (+{features_s / 60:.1f} min of "
           f"target features): the drafter's first guess is the target's argmax {result['validation_agreement']:.1%} "
-          f"of the time on held-out text (before training: {result['initial_agreement']:.1%}); saved to {out}\n"
+          f"of the time on held-out text (before training: {result['initial_agreement']:.1%})"
+          + ("" if "validation_agreement_step2" not in result else
+             f", its next draft steps' {result['validation_agreement_step2']:.1%} and "
+             f"{result['validation_agreement_step3']:.1%} (each after the earlier ones were right)")
+          + f"; saved to {out}\n"
           f"use it: verispec generate --strategy {args.kind} --drafter {out} \"...\"")
     return 0

@@ -119,6 +119,48 @@ class EagleDrafter(LlamaModel):
 
         return self.layers[0](x, 0, None, cos, sin, causal)
 
+    def train_unrolled(self, tokens: Tensor, features: Tensor, depth: int) -> list[Tensor]:
+        """Predicted features of draft steps 1..depth for every anchor t, with autograd: EAGLE-3's training-time
+        test. tokens [B, L] and features [B, L, H] are a sequence and the target's features over it.
+
+        Step 1 reads the true pairs (h_t, x_t+1) (`train_forward`). Step n reads the drafter's own prediction of
+        step n-1 beside the true token x_t+n, at position t+n-1, and attends what it would see drafting from t:
+        the true pairs' keys at positions <= t and its own earlier steps' keys from anchor t. Returns depth
+        tensors, the n-th [B, L-n, H] predicting features[:, n:]. Teacher forcing alone (depth 1) fits step 1;
+        later steps then read features unlike any it was fitted on, which is where a chain's acceptance drops."""
+        keys: list[tuple[Tensor, Tensor]] = []
+
+        def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            keys.append((k, v))
+            if len(keys) == 1:  # step 1: the true pairs, causal (train_forward's attention)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+            n = q.shape[2]  # anchors this step has
+            rep = q.shape[1] // k.shape[1]
+            k1, v1 = (t[:, :, :n].repeat_interleave(rep, 1) for t in keys[0])
+            scale = q.shape[-1] ** -0.5
+            scores = [(q @ k1.transpose(-1, -2) * scale).masked_fill(
+                torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))]
+            later = [(kj[:, :, :n].repeat_interleave(rep, 1), vj[:, :, :n].repeat_interleave(rep, 1))
+                     for kj, vj in keys[1:]]
+            scores += [(q * kj).sum(-1, keepdim=True) * scale for kj, _ in later]
+            p = torch.cat(scores, -1).softmax(-1)
+            out = p[..., :n] @ v1
+            for j, (_, vj) in enumerate(later):
+                out = out + p[..., n + j : n + j + 1] * vj
+            return out
+
+        preds: list[Tensor] = []
+        feats = features[:, :-1]
+        for step in range(1, depth + 1):
+            toks = tokens[:, step:]
+            x = self.inputs(toks, feats[:, : toks.shape[1]])
+            t = x.shape[1]
+            cos, sin = self.cos[step - 1 : step - 1 + t].to(x.dtype), self.sin[step - 1 : step - 1 + t].to(x.dtype)
+            pred = self.layers[0](x, 0, None, cos, sin, attend)
+            preds.append(pred)
+            feats = pred[:, :-1]
+        return preds
+
     def own_state(self) -> dict[str, Tensor]:
         """The drafter's own weights (fc, layer, head): what a drafter directory stores."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith(("embed.", "norm."))}
