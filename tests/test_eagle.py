@@ -293,6 +293,25 @@ def test_drafter_directory_round_trip(wide_target, eagle, tmp_path):
         load_drafter(tmp_path / "bad", wide_target)
 
 
+def test_a_drafter_beside_a_bf16_target_runs_in_bf16_and_keeps_greedy_identity(wide_target, eagle, tmp_path):
+    """Beside a bfloat16 target (`--dtype bfloat16`, a GPU's default) the drafter's own weights take the target's
+    activation dtype and device; loaded as float32 they met bf16 pairs and the first draft raised."""
+    import copy
+
+    target = copy.deepcopy(wide_target).to(torch.bfloat16)
+    eagle.save(tmp_path / "d")
+    drafter = load_drafter(tmp_path / "d", target)
+    assert drafter.fc.weight.dtype == torch.bfloat16 and drafter.fc.weight.device == target.device
+    accepted = 0
+    for prompt in (PROMPTS[0], PROMPTS[2]):
+        plain = generate(target, prompt, GenerationParams(max_new_tokens=20))
+        spec = generate(target, prompt, GenerationParams(max_new_tokens=20, gamma=3),
+                        EagleProposer(drafter, 64, target.vocab_size))
+        assert spec.token_ids == plain.token_ids, prompt
+        accepted += spec.metrics.accepted
+    assert accepted > 0
+
+
 def test_a_drafter_on_the_kernel_keeps_fc_in_bf16_where_the_cpu_has_bf16(wide_target, eagle, tmp_path):
     """load_drafter(quantize_kind=...) (a w4a8 target's drafter) runs fc on bf16 weights where the CPU has native
     bf16 and on float32 ones elsewhere; either way fc's output stays close to the float layer's and greedy output

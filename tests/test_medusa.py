@@ -185,6 +185,25 @@ def test_medusa_keeps_the_target_law(tiny_target):
     assert verdict.passes, verdict
 
 
+def test_heads_beside_a_bf16_target_keep_greedy_identity(wide_target, medusa, tmp_path):
+    """Beside a bfloat16 target (`--dtype bfloat16`, a GPU's default) the heads run on the target's device and
+    read its bf16 features."""
+    import copy
+
+    target = copy.deepcopy(wide_target).to(torch.bfloat16)
+    medusa.save(tmp_path / "d")
+    heads = load_heads(tmp_path / "d", target)
+    assert heads.lm_head.weight.device == target.device and heads.norm is target.norm
+    accepted = 0
+    for prompt in ([12, 15, 21, 0, 21, 15], [3, 27, 3, 7, 2, 31, 1, 30, 29]):
+        plain = generate(target, prompt, GenerationParams(max_new_tokens=20))
+        spec = generate(target, prompt, GenerationParams(max_new_tokens=20, gamma=3),
+                        MedusaProposer(heads, target.vocab_size))
+        assert spec.token_ids == plain.token_ids, prompt
+        accepted += spec.metrics.accepted
+    assert accepted > 0
+
+
 def test_heads_directory_round_trip(wide_target, medusa, tmp_path):
     medusa.save(tmp_path / "d")
     saved = json.loads((tmp_path / "d" / "config.json").read_text())

@@ -191,7 +191,9 @@ def load_drafter(directory: str | Path, target: LlamaModel, *, quantize_kind: st
         raise ModelError(f"{directory / DRAFTER_WEIGHTS} does not fit this drafter: {e}") from None
     if [k for k in missing if not k.startswith(("embed.", "norm."))]:
         raise ModelError(f"{directory / DRAFTER_WEIGHTS} lacks {missing[:3]}")
-    drafter = drafter.float().eval()
+    # the target's activation dtype (float32 beside a w4a8 target, bf16 beside a bf16 one): the pair it reads
+    # comes in that dtype, and the drafter only changes acceptance, never the output
+    drafter = drafter.to(dtype=target.dtype).eval()
     drafter.requires_grad_(False)
     if quantize_kind is not None:
         from verispec.models.kernels import cpu_flags
@@ -205,7 +207,7 @@ def load_drafter(directory: str | Path, target: LlamaModel, *, quantize_kind: st
         if target.device.type == "cpu" and "avx512_bf16" in cpu_flags():
             drafter.fc = Bf16Linear(drafter.fc)
     drafter.share(target).init_rope()
-    return drafter
+    return drafter.to(target.device)  # its own weights and rope tables beside the target's (a GPU's)
 
 
 class Bf16Linear(nn.Module):

@@ -109,6 +109,6 @@ def load_heads(directory: str | Path, target: LlamaModel, *, quantize_kind: str 
 
         heads.lm_head = quantize(nn.ModuleList([heads.lm_head]), quantize_kind)[0]
     try:
-        return heads.share(target)
+        return heads.to(target.device).share(target)  # on the target's device (a GPU's)
     except ValueError as e:
         raise ModelError(f"{directory}: {e}") from None
