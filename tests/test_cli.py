@@ -175,6 +175,7 @@ def test_prompt_beyond_the_context_is_one_line(pair, capsys):
     assert code == 2
     *before, last = err.strip().splitlines()
     assert last.startswith("verispec: error:") and "context" in last
+    before = [line for line in before if not line.startswith("quantizing ")]  # the first run on these models
     assert len(before) <= 1 and all("fastest exact configuration" in line for line in before)  # the defaults' line
 
 

@@ -51,7 +51,7 @@ class TrainSettings:
     step_decay: float = 0.8
     seed: int = 0
     bf16: bool = False  # matmuls in bfloat16 under autocast (weights and optimizer stay float32): 1.9x faster a
-    # step where the CPU has AVX-512 BF16 (emulated, and slower, elsewhere)
+    # step where the CPU has AVX-512 BF16 (emulated, and slower, elsewhere); a GPU's native too
 
 
 def stdlib_texts() -> Iterator[str]:
@@ -283,7 +283,7 @@ def answer_features(target: LlamaModel, streams: Mapping[str, Iterable[list[int]
                 continue
             del live[id(step.seq)]
             seq_tokens = step.seq.prompt + step.seq.out
-            seq_feats = torch.cat(got).to(torch.bfloat16)
+            seq_feats = torch.cat(got).to("cpu", torch.bfloat16)
             n = min(len(seq_tokens), len(seq_feats))  # the last token emitted was never forwarded
             tokens += seq_tokens[:n]
             feats.append(seq_feats[:n])
@@ -359,8 +359,8 @@ def cache_features(target: LlamaModel, pieces: Iterator[list[int]], out: Path, s
         feats = []
         for seq in group:
             cache.reset()
-            _, h = target.forward(torch.tensor([seq]), cache, last_n=1, hidden=True)
-            feats.append(h[0].to(torch.bfloat16))
+            _, h = target.forward(torch.tensor([seq], device=target.device), cache, last_n=1, hidden=True)
+            feats.append(h[0].to("cpu", torch.bfloat16))
             bar.update(len(seq))
         tmp = path.with_suffix(".tmp")
         save_file({"tokens": torch.tensor(group, dtype=torch.int32), "features": torch.stack(feats)}, str(tmp))
@@ -456,7 +456,7 @@ def train(drafter: Drafter, shards: list[Path], out: Path, settings: TrainSettin
     state_path = out / "train-state.pt"
     step, used = 0, 0.0
     if state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
+        state = torch.load(state_path, weights_only=False, map_location="cpu")  # whatever device saved it
         opt.load_state_dict(state["optimizer"])
         step, used = state["step"], state["seconds"]
         log(f"resuming at step {step} ({used / 60:.1f} of {settings.budget_s / 60:.1f} min used)")
@@ -465,6 +465,10 @@ def train(drafter: Drafter, shards: list[Path], out: Path, settings: TrainSettin
     tokens = torch.cat([d["tokens"] for d in data])
     features = torch.cat([d["features"] for d in data])
     gen = torch.Generator().manual_seed(settings.seed + step)
+    device = drafter.lm_head.weight.device  # the target's (a GPU's)
+
+    def autocast() -> torch.autocast:
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.bf16)
 
     def validate() -> float:
         """Held-out agreement of the first guess; an EAGLE drafter's later draft steps' are logged too."""
@@ -473,8 +477,9 @@ def train(drafter: Drafter, shards: list[Path], out: Path, settings: TrainSettin
         agree = []
         with torch.no_grad():
             for i in range(0, val["tokens"].shape[0], settings.batch):
-                tok, feat = val["tokens"][i : i + settings.batch], val["features"][i : i + settings.batch]
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
+                tok = val["tokens"][i : i + settings.batch].to(device)
+                feat = val["features"][i : i + settings.batch].to(device)
+                with autocast():
                     agree.append(step_agreements(drafter, tok, feat, VALIDATION_STEPS)
                                  if isinstance(drafter, EagleDrafter) else [float(objective(tok, feat)[1])])
         drafter.train()
@@ -498,8 +503,8 @@ def train(drafter: Drafter, shards: list[Path], out: Path, settings: TrainSettin
         lr = settings.lr * min(1.0, (step + 1) / settings.warmup)
         for group in opt.param_groups:
             group["lr"] = lr
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
-            loss, agree = objective(tokens[pick], features[pick])
+        with autocast():
+            loss, agree = objective(tokens[pick].to(device), features[pick].to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)

@@ -18,7 +18,7 @@ def add_parser(sub, default_target: str) -> None:
     p.add_argument("--kind", choices=["eagle", "medusa"], default="eagle",
                    help="eagle: one decoder layer over the target's own features; medusa: --heads small heads on the "
                         "target's last feature, all of a round's guesses at once (default: %(default)s)")
-    add_model_options(p, default_target, device=False)
+    add_model_options(p, default_target)
     p.add_argument("--out", default=None, help="drafter directory (default: drafters/<target>-<kind> in the cache "
                    "directory); an unfinished one resumes")
     p.add_argument("--features", default=None, metavar="DIR",
@@ -55,6 +55,8 @@ def add_parser(sub, default_target: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from verispec.models.errors import ModelError
     from verispec.models.eagle import EagleConfig, EagleDrafter, load_drafter
     from verispec.models.llama import LlamaModel
@@ -83,13 +85,14 @@ def run(args: argparse.Namespace) -> int:
         fail(f"--lr must be in (0, 1), got {args.lr}")
     from verispec.models.kernels import cpu_flags
 
+    # bf16 matmuls where they are native: a GPU, or a CPU with AVX-512 BF16
     settings = TrainSettings(seq_len=args.seq_len, tokens=args.tokens, batch=args.batch, lr=args.lr,
-                             budget_s=args.budget, bf16="avx512_bf16" in cpu_flags(), depth=args.depth)
-    args.device = "cpu"
+                             budget_s=args.budget, bf16=args.device != "cpu" or "avx512_bf16" in cpu_flags(),
+                             depth=args.depth)
     resolve_dtype(args)
     default_threads()
     progress = sys.stderr.isatty()
-    target = load(args.target, dtype=args.dtype, progress=progress)
+    target = load(args.target, dtype=args.dtype, device=args.device, progress=progress)
     if not isinstance(target.model, LlamaModel):
         fail(f"a feature-level drafter needs a native Llama-family target; {target.name} runs through "
              f"{type(target.model).__name__}")
@@ -124,12 +127,12 @@ def run(args: argparse.Namespace) -> int:
         if args.kind == "medusa":
             drafter = load_heads(out, model) if resume else MedusaHeads.fresh(
                 MedusaConfig.for_target(model, target.name, heads=args.heads, head_vocab=args.head_vocab), model,
-                target_head(model, target.path, min(args.head_vocab, model.vocab_size)))
+                target_head(model, target.path, min(args.head_vocab, model.vocab_size))).to(model.device)
         else:
-            drafter = load_drafter(out, model) if resume else EagleDrafter.fresh(
+            drafter = load_drafter(out, model, dtype=torch.float32) if resume else EagleDrafter.fresh(
                 EagleConfig.for_target(model, target.name, intermediate_size=args.intermediate,
                                        head_vocab=args.head_vocab), model,
-                target_head(model, target.path, min(args.head_vocab, model.vocab_size)))
+                target_head(model, target.path, min(args.head_vocab, model.vocab_size))).to(model.device)
         result = train(drafter, shards, out, settings, log_stderr, progress)
     except (ModelError, ValueError) as e:
         fail(str(e))

@@ -171,9 +171,12 @@ class EagleDrafter(LlamaModel):
         save_drafter(directory, self.own_state(), asdict(self.eagle))
 
 
-def load_drafter(directory: str | Path, target: LlamaModel, *, quantize_kind: str | None = None) -> EagleDrafter:
-    """A drafter directory over `target` (its embedding and norm shared). quantize_kind: e.g. "w4a8-4bit" to run
-    the layer and head on the target's kernel (the drafter never changes the output, only acceptance)."""
+def load_drafter(directory: str | Path, target: LlamaModel, *, quantize_kind: str | None = None,
+                 dtype: torch.dtype | None = None) -> EagleDrafter:
+    """A drafter directory over `target` (its embedding and norm shared), on the target's device. quantize_kind:
+    e.g. "w4a8-4bit" to run the layer and head on the target's kernel (the drafter never changes the output, only
+    acceptance). dtype: its own weights' (default: the target's activation dtype, in which its pairs come;
+    training keeps float32 weights)."""
     from verispec.models.errors import ModelError
     from verispec.models.files import drafter_config, read_safetensors
 
@@ -193,7 +196,7 @@ def load_drafter(directory: str | Path, target: LlamaModel, *, quantize_kind: st
         raise ModelError(f"{directory / DRAFTER_WEIGHTS} lacks {missing[:3]}")
     # the target's activation dtype (float32 beside a w4a8 target, bf16 beside a bf16 one): the pair it reads
     # comes in that dtype, and the drafter only changes acceptance, never the output
-    drafter = drafter.to(dtype=target.dtype).eval()
+    drafter = drafter.to(dtype=dtype or target.dtype).eval()
     drafter.requires_grad_(False)
     if quantize_kind is not None:
         from verispec.models.kernels import cpu_flags

@@ -134,7 +134,7 @@ def save_drafter(directory: Path, weights: dict, config: dict) -> None:
 
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / (DRAFTER_WEIGHTS + ".tmp")
-    write_safetensors(tmp, {k: v.detach() for k, v in weights.items()})
+    write_safetensors(tmp, {k: v.detach().cpu() for k, v in weights.items()})  # from any device
     tmp.replace(directory / DRAFTER_WEIGHTS)
     (directory / DRAFTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
 
