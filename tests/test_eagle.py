@@ -351,6 +351,8 @@ def test_train_drafter_command_trains_resumes_and_drafts(pair, capsys, tmp_path)
     assert "draft steps 2-3 after it" in err and "its next draft steps'" in stdout  # validation by step
     code, _, err = run_inline(capsys, *common, "--depth", "0")
     assert code == 2 and "--depth must be at least 1" in err
+    code, _, err = run_inline(capsys, *common, "--depth", "2", "--kind", "medusa")
+    assert code == 2 and "Medusa" in err and len(err.strip().splitlines()) == 1
     if not torch.cuda.is_available():  # --device: where the target runs, the features are made and it trains
         code, _, err = run_inline(capsys, *common, "--device", "cuda")
         assert code == 2 and "no CUDA device" in err and len(err.strip().splitlines()) == 1, err

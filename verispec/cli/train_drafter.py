@@ -83,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
             fail(f"{flag} must be at least 1, got {value}")
     if not 0 < args.lr < 1:
         fail(f"--lr must be in (0, 1), got {args.lr}")
+    if args.depth > 1 and args.kind != "eagle":
+        fail("--depth trains an EAGLE drafter's later draft steps; Medusa heads guess all theirs from one feature")
+    if args.depth >= args.seq_len:
+        fail(f"--depth {args.depth} needs sequences longer than that (--seq-len {args.seq_len})")
     from verispec.models.kernels import cpu_flags
 
     # bf16 matmuls where they are native: a GPU, or a CPU with AVX-512 BF16
