@@ -3,11 +3,12 @@
 1. Features, once: the target (as it runs, e.g. w4a8) reads chunks of a corpus (by default the Python standard
    library's own source files, present on every machine) and its last-block outputs h_t are stored with the tokens
    in shards under OUT/features (bf16). Resumable: finished shards are kept; the last shard is held out.
-2. Training: the drafter predicts h_t+1 from the pairs (h_<=t, token_<=t+1) (EagleDrafter.train_forward) and is fitted
-   to the target by EAGLE's loss, smooth-L1 on the feature plus 0.1 x the cross-entropy of its head's distribution
-   against the target's own (the same head on the true feature: self-distillation, no labels needed), with a time
-   budget, checkpoints (OUT/train-state.pt) and resume. Validation: how often the drafter's first guess is the
-   target's argmax, the acceptance of a greedy first draft token.
+2. Training: the drafter predicts h_t+1 from the pairs (h_<=t, token_<=t+1), and with depth > 1 the next steps
+   from its own predictions (EagleDrafter.train_unrolled), and is fitted to the target by EAGLE's loss, smooth-L1
+   on the feature plus 0.1 x the cross-entropy of its head's distribution against the target's own (the same head
+   on the true feature: self-distillation, no labels needed), with a time budget, checkpoints (OUT/train-state.pt)
+   and resume. Validation: how often the drafter's first guess is the target's argmax, the acceptance of a greedy
+   first draft token, and for an EAGLE drafter its next draft steps' given the earlier ones right.
    Medusa heads (medusa_losses) train on the same shards: head k at h_t is fitted to the target's own distribution
    of token t+2+k (its head on the true feature h_t+1+k), the deeper heads weighted less (0.8^k).
 """
@@ -405,8 +406,8 @@ def step_agreements(drafter: EagleDrafter, tokens: Tensor, features: Tensor, dep
     head = drafter.lm_head.weight
     with torch.no_grad():
         preds = drafter.train_unrolled(tokens.long(), features.float(), depth)
-        return [float((F.linear(drafter.norm(pred), head).argmax(-1)
-                       == F.linear(drafter.norm(features[:, n:].float()), head).argmax(-1)).float().mean())
+        teacher = F.linear(drafter.norm(features[:, 1:].float()), head).argmax(-1)  # step n reads it from n on
+        return [float((F.linear(drafter.norm(pred), head).argmax(-1) == teacher[:, n - 1 :]).float().mean())
                 for n, pred in enumerate(preds, start=1)]
 
 
@@ -470,9 +471,8 @@ def train(drafter: Drafter, shards: list[Path], out: Path, settings: TrainSettin
     def autocast() -> torch.autocast:
         return torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.bf16)
 
-    def validate() -> float:
-        """Held-out agreement of the first guess; an EAGLE drafter's later draft steps' are logged too."""
-        nonlocal by_step
+    def validate() -> list[float]:
+        """Held-out agreement of the first guess, and of an EAGLE drafter's later draft steps."""
         drafter.eval()
         agree = []
         with torch.no_grad():
@@ -483,16 +483,14 @@ def train(drafter: Drafter, shards: list[Path], out: Path, settings: TrainSettin
                     agree.append(step_agreements(drafter, tok, feat, VALIDATION_STEPS)
                                  if isinstance(drafter, EagleDrafter) else [float(objective(tok, feat)[1])])
         drafter.train()
-        by_step = [sum(a) / len(agree) for a in zip(*agree)]
-        return by_step[0]
+        return [sum(a) / len(agree) for a in zip(*agree)]
 
-    def later() -> str:
-        return "" if len(by_step) < 2 else f" (draft steps 2-{len(by_step)} after it: " + \
-            ", ".join(f"{a:.3f}" for a in by_step[1:]) + ")"
+    def shown(by_step: list[float]) -> str:
+        return f"{by_step[0]:.3f}" + ("" if len(by_step) < 2 else f" (draft steps 2-{len(by_step)} after it: "
+                                      + ", ".join(f"{a:.3f}" for a in by_step[1:]) + ")")
 
-    by_step: list[float] = []
     first = validate()
-    log(f"validation before training (step {step}): first-token agreement {first:.3f}{later()}")
+    log(f"validation before training (step {step}): first-token agreement {shown(first)}")
     bar = tqdm(total=int(settings.budget_s), unit="s", desc="training", disable=not progress, initial=int(used))
     last_save, start = time.perf_counter(), time.perf_counter() - used
     recent: list[float] = []
@@ -522,15 +520,15 @@ def train(drafter: Drafter, shards: list[Path], out: Path, settings: TrainSettin
             score = validate()
             _checkpoint(drafter, opt, step, used, out)
             log(f"step {step}, {used / 60:.1f} min: train agreement {sum(recent) / len(recent):.3f}, "
-                f"validation {score:.3f}{later()} (saved)")
+                f"validation {shown(score)} (saved)")
             last_save = time.perf_counter()
             start += last_save - now  # validation and saving are not training time
     bar.close()
     score = validate()
     _checkpoint(drafter, opt, step, used, out)
     drafter.eval()
-    return {"steps": step, "seconds": used, "validation_agreement": score, "initial_agreement": first,
-            **{f"validation_agreement_step{n}": a for n, a in enumerate(by_step[1:], start=2)}}
+    return {"steps": step, "seconds": used, "validation_agreement": score[0], "initial_agreement": first[0],
+            **{f"validation_agreement_step{n}": a for n, a in enumerate(score[1:], start=2)}}
 
 
 def _checkpoint(drafter: Drafter, opt: torch.optim.Optimizer, step: int, used: float, out: Path) -> None:

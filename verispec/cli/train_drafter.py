@@ -131,12 +131,12 @@ def run(args: argparse.Namespace) -> int:
         if args.kind == "medusa":
             drafter = load_heads(out, model) if resume else MedusaHeads.fresh(
                 MedusaConfig.for_target(model, target.name, heads=args.heads, head_vocab=args.head_vocab), model,
-                target_head(model, target.path, min(args.head_vocab, model.vocab_size))).to(model.device)
+                target_head(model, target.path, min(args.head_vocab, model.vocab_size)))
         else:
             drafter = load_drafter(out, model, dtype=torch.float32) if resume else EagleDrafter.fresh(
                 EagleConfig.for_target(model, target.name, intermediate_size=args.intermediate,
                                        head_vocab=args.head_vocab), model,
-                target_head(model, target.path, min(args.head_vocab, model.vocab_size))).to(model.device)
+                target_head(model, target.path, min(args.head_vocab, model.vocab_size)))
         result = train(drafter, shards, out, settings, log_stderr, progress)
     except (ModelError, ValueError) as e:
         fail(str(e))

@@ -71,9 +71,9 @@ class EagleDrafter(LlamaModel):
 
     @classmethod
     def fresh(cls, cfg: EagleConfig, target: LlamaModel, head: Tensor, *, seed: int = 0) -> "EagleDrafter":
-        """A drafter to train: fc passes the feature through (x = h_t), the layer starts as the target's last block
-        where the sizes match (else small random weights, its output projections zero, so it starts as that
-        identity), the head is `head` [head_vocab, H] (the target's LM head rows, float)."""
+        """A drafter to train, on the target's device: fc passes the feature through (x = h_t), the layer starts as
+        the target's last block where the sizes match (else small random weights, its output projections zero, so
+        it starts as that identity), the head is `head` [head_vocab, H] (the target's LM head rows, float)."""
         gen = torch.Generator().manual_seed(seed)
         with torch.device("meta"):
             drafter = cls(cfg, target.vocab_size)
@@ -93,7 +93,7 @@ class EagleDrafter(LlamaModel):
                 state[f"layers.0.{name}"] = 0.02 * torch.randn(p.shape, generator=gen)
         drafter.load_state_dict(state, strict=False, assign=True)
         drafter.share(target).init_rope()
-        return drafter
+        return drafter.to(target.device)  # beside the target (a GPU's); its own weights stay float32
 
     def inputs(self, tokens: Tensor, features: Tensor | None) -> Tensor:
         if features is None:
@@ -109,15 +109,8 @@ class EagleDrafter(LlamaModel):
 
     def train_forward(self, tokens: Tensor, features: Tensor) -> Tensor:
         """Predicted features [B, T, H] for pairs (features[:, t], tokens[:, t]) from position 0, causal, with
-        autograd (no cache): what `verispec train-drafter` fits."""
-        x = self.inputs(tokens, features)
-        t = x.shape[1]
-        cos, sin = self.cos[:t].to(x.dtype), self.sin[:t].to(x.dtype)
-
-        def causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
-
-        return self.layers[0](x, 0, None, cos, sin, causal)
+        autograd (no cache): teacher forcing, step 1 of `train_unrolled`."""
+        return self._chains(tokens, features, 1)[0]
 
     def train_unrolled(self, tokens: Tensor, features: Tensor, depth: int) -> list[Tensor]:
         """Predicted features of draft steps 1..depth for every anchor t, with autograd: EAGLE-3's training-time
@@ -128,11 +121,15 @@ class EagleDrafter(LlamaModel):
         the true pairs' keys at positions <= t and its own earlier steps' keys from anchor t. Returns depth
         tensors, the n-th [B, L-n, H] predicting features[:, n:]. Teacher forcing alone (depth 1) fits step 1;
         later steps then read features unlike any it was fitted on, which is where a chain's acceptance drops."""
+        return self._chains(tokens[:, 1:], features[:, :-1], depth)
+
+    def _chains(self, tokens: Tensor, features: Tensor, depth: int) -> list[Tensor]:
+        """train_unrolled over the pairs (features[:, t], tokens[:, t]): step n's t-th row is the chain from pair t."""
         keys: list[tuple[Tensor, Tensor]] = []
 
         def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             keys.append((k, v))
-            if len(keys) == 1:  # step 1: the true pairs, causal (train_forward's attention)
+            if len(keys) == 1:  # step 1: the true pairs, causal
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
             n = q.shape[2]  # anchors this step has
             rep = q.shape[1] // k.shape[1]
@@ -150,9 +147,9 @@ class EagleDrafter(LlamaModel):
             return out
 
         preds: list[Tensor] = []
-        feats = features[:, :-1]
+        feats = features
         for step in range(1, depth + 1):
-            toks = tokens[:, step:]
+            toks = tokens[:, step - 1 :]
             x = self.inputs(toks, feats[:, : toks.shape[1]])
             t = x.shape[1]
             cos, sin = self.cos[step - 1 : step - 1 + t].to(x.dtype), self.sin[step - 1 : step - 1 + t].to(x.dtype)

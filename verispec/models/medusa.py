@@ -51,8 +51,9 @@ class MedusaHeads(nn.Module):
 
     @classmethod
     def fresh(cls, cfg: MedusaConfig, target: LlamaModel, head: Tensor) -> "MedusaHeads":
-        """Heads to train: every block starts as the identity (zero weights), so each head starts by guessing what
-        the target's own head would (token t+1, a poor but harmless guess for t+2+k); `head` [head_vocab, H]."""
+        """Heads to train, on the target's device: every block starts as the identity (zero weights), so each head
+        starts by guessing what the target's own head would (token t+1, a poor but harmless guess for t+2+k);
+        `head` [head_vocab, H]."""
         with torch.device("meta"):
             heads = cls(cfg)
         h = cfg.hidden_size
@@ -60,7 +61,7 @@ class MedusaHeads(nn.Module):
         for k in range(cfg.heads):
             state[f"blocks.{k}.weight"], state[f"blocks.{k}.bias"] = torch.zeros(h, h), torch.zeros(h)
         heads.load_state_dict(state, strict=True, assign=True)
-        return heads.share(target)
+        return heads.to(target.device).share(target)  # beside the target (a GPU's)
 
     def share(self, target: LlamaModel) -> "MedusaHeads":
         """Use the target's final norm (never trained here, never copied)."""
