@@ -284,3 +284,51 @@ def test_the_layer_stack_gives_the_bits_of_one_call_per_layer(builds, tiny_targe
         for a, b in zip(stacked[0], looped[0]):
             assert torch.equal(a, b), (isa, run.__name__, layers)
         assert torch.equal(stacked[1], looped[1]) and torch.equal(stacked[2], looped[2]), (isa, run.__name__, layers)
+
+
+def test_feature_layers_are_the_first_blocks_outputs_through_the_stack_and_block_by_block(builds, tiny_target,
+                                                                                           monkeypatch):
+    """EAGLE-3's taps: with `feature_layers` (1,) the hidden features are [output after block 1, last block's],
+    each equal to a forward that runs only that many blocks, the logits unchanged, for one sequence and batched
+    rows, through each build's stack (in segments) and block by block."""
+    import copy
+
+    from verispec.batch import forward_rows
+    from verispec.cache import BatchKVCache
+    from verispec.models.quant import quantize
+
+    model = quantize(copy.deepcopy(tiny_target).float(), "w4a8")
+    cfg = model.cfg
+    h = cfg.hidden_size
+    prompt = torch.randint(0, cfg.vocab_size, (1, 7), generator=torch.Generator().manual_seed(5))
+
+    def single(taps):
+        model.feature_layers = taps
+        logits, hid = model.forward(prompt, model.new_cache(16), hidden=True)
+        _, first = model.forward(prompt, model.new_cache(16), layers=1, hidden=True)
+        return logits, hid, first
+
+    def batched(taps):
+        model.feature_layers = taps
+        cache = BatchKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 16, rows=2)
+        cache.lengths = [0, 0]
+        logits, hid = forward_rows(model, [[1, 2, 3], [4, 5]], cache, [1, 0], hidden=True)
+        return logits[0], hid[0][None], None
+
+    try:
+        for isa in kernels.available_isas():
+            monkeypatch.setenv(kernels.ISA_ENV, isa)
+            for run in (single, batched):
+                plain_logits, plain, _ = run(())
+                for stack in (True, False):
+                    with monkeypatch.context() as m:
+                        if not stack:
+                            m.setattr(model, "_layer_stack", lambda *a: None)
+                        logits, hid, first = run((1,))
+                    assert not stack or model._stack[1].isa() == isa, "the stack did not run"
+                    assert hid.shape[-1] == 2 * h and torch.equal(logits, plain_logits), (isa, run.__name__, stack)
+                    assert torch.equal(hid[..., h:], plain), (isa, run.__name__, stack)
+                    if first is not None:
+                        assert torch.equal(hid[..., :h], first), (isa, stack)
+    finally:
+        model.feature_layers = ()

@@ -151,10 +151,14 @@ def test_first_draft_reads_the_targets_features_of_the_whole_sequence(wide_targe
     """After rounds of drafting, the drafter's first q of a round equals a fresh drafter pass over all pairs
     (h_t from a fresh target prefill, token t+1): an off-by-one in the pairs or a predicted feature left in its
     cache would show."""
+    _first_drafts_are_fresh_passes(wide_target, eagle)
+
+
+def _first_drafts_are_fresh_passes(target, drafter: EagleDrafter) -> None:
     sampling = SamplingParams(temperature=1.0)
     prompt = [3, 1, 4, 1, 5]
-    proposer = EagleProposer(eagle, 64, wide_target.vocab_size)
-    batch = Batch(wide_target, 1, 64, slack=8)
+    proposer = EagleProposer(drafter, 64, target.vocab_size)
+    batch = Batch(target, 1, 64, slack=8)
     seq = batch.add(prompt, GenerationParams(max_new_tokens=30, gamma=3, sampling=sampling, seed=3), proposer)
     checked = 0
     for _ in range(6):
@@ -163,9 +167,10 @@ def test_first_draft_reads_the_targets_features_of_the_whole_sequence(wide_targe
             continue
         text = prompt + seq.out
         (proposal,) = proposer.propose([0], [3], [sampling], [torch.Generator().manual_seed(0)])
-        h = target_features(wide_target, text[:-1])  # h_0 .. h_{n-2}
-        cache = eagle.new_cache(len(text) + 1)
-        logits = eagle.forward(torch.tensor([text[1:]]), cache, features=h[None])[0, -1]
+        h = target_features(target, text[:-1])  # h_0 .. h_{n-2}
+        cache = drafter.new_cache(len(text) + 1)
+        with torch.no_grad():
+            logits = drafter.forward(torch.tensor([text[1:]]), cache, features=drafter.fuse_features(h)[None])[0, -1]
         torch.testing.assert_close(proposal.q[0], logits_to_probs(logits, sampling), atol=1e-5, rtol=1e-4)
         proposer.fed[0] = 0  # this extra proposal was not verified: leave the row as the round left it
         checked += 1
@@ -499,3 +504,120 @@ def test_unrolled_training_steps_are_the_chain_the_drafter_drafts(wide_target, e
             for n, pred in enumerate(preds):
                 logits = eagle.lm_head(eagle.norm(pred[0, t]))
                 torch.testing.assert_close(logits, chain[n].float(), atol=1e-4, rtol=1e-4)
+
+
+# ---- EAGLE-3's feature layers: the target also returns its output after the first block, fused with its last ----
+
+@pytest.fixture(scope="module")
+def target3(wide_target):
+    """A copy of the tiny target whose forwards return EAGLE-3's features (the copy: a drafter's loading sets
+    them on its target, which the other tests' EAGLE-1 drafters must not see)."""
+    import copy
+
+    return copy.deepcopy(wide_target)
+
+
+def train_tiny3(target, steps: int = 600, seed: int = 0) -> EagleDrafter:
+    cfg = EagleConfig.for_target(target, "tiny", head_vocab=target.vocab_size, feature_layers=(1,))
+    drafter = EagleDrafter.fresh(cfg, target, target.lm_head.weight, seed=seed)
+    seqs = continuations(target, seed)
+    tokens, feats = torch.tensor(seqs), torch.stack([target_features(target, s) for s in seqs])
+    return fit(drafter, target, lambda d, head: losses(d, head, tokens, feats, 0.1)[0], steps)
+
+
+@pytest.fixture(scope="module")
+def eagle3(target3) -> EagleDrafter:
+    return train_tiny3(target3)
+
+
+def test_a_feature_layer_drafter_starts_as_the_last_feature_alone(wide_target, target3):
+    """Fresh, fuse passes the last block's output through: the same predictions as a fresh EAGLE-1 drafter, from
+    features twice as wide (the output after block 1, then the last block's)."""
+    cfg1 = EagleConfig.for_target(wide_target, "tiny", head_vocab=wide_target.vocab_size)
+    cfg3 = EagleConfig.for_target(target3, "tiny", head_vocab=target3.vocab_size, feature_layers=(1,))
+    d1 = EagleDrafter.fresh(cfg1, wide_target, wide_target.lm_head.weight)
+    d3 = EagleDrafter.fresh(cfg3, target3, target3.lm_head.weight)
+    seq = continuations(wide_target, seed=5, n=1)[0][:16]
+    f1, f3 = target_features(wide_target, seq), target_features(target3, seq)
+    h = wide_target.cfg.hidden_size
+    assert f3.shape[-1] == 2 * h and torch.equal(f3[:, h:], f1)
+    with torch.no_grad():
+        torch.testing.assert_close(d3.train_unrolled(torch.tensor([seq]), f3[None], 2),
+                                   d1.train_unrolled(torch.tensor([seq]), f1[None], 2))
+
+
+@pytest.mark.parametrize("gamma,tree", [(1, None), (3, None), (5, DynamicTree(2, 3))])
+def test_a_feature_layer_drafter_keeps_greedy_identity(target3, eagle3, gamma, tree):
+    accepted = 0
+    for prompt in PROMPTS:
+        plain = generate(target3, prompt, GenerationParams(max_new_tokens=30)).token_ids
+        got = generate(target3, prompt, GenerationParams(max_new_tokens=30, gamma=gamma),
+                       EagleProposer(eagle3, 64, target3.vocab_size, tree=tree))
+        assert got.token_ids == plain, prompt
+        accepted += got.metrics.accepted
+    assert accepted > 15
+
+
+def test_a_feature_layer_drafters_first_draft_reads_the_fused_features_of_the_whole_sequence(target3, eagle3):
+    """As for EAGLE-1: after rounds, the first q equals a fresh drafter pass over all pairs, whose features are the
+    fusion of a fresh target prefill's outputs after block 1 and after the last (here twice as wide)."""
+    assert target_features(target3, [1, 2]).shape[-1] == 2 * target3.cfg.hidden_size
+    _first_drafts_are_fresh_passes(target3, eagle3)
+
+
+def test_a_feature_layer_drafter_directory_round_trip_and_refusals(wide_target, target3, eagle3, tmp_path):
+    import copy
+
+    eagle3.save(tmp_path / "d")
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["feature_layers"] == [1]
+    fresh_target = copy.deepcopy(wide_target)
+    again = load_drafter(tmp_path / "d", fresh_target)
+    assert fresh_target.feature_layers == (1,)  # its forwards now return what the drafter reads
+    seq = [9, 9, 9, 4]
+    f = target_features(fresh_target, seq)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(again.train_forward(torch.tensor([seq]), f), eagle3.train_forward(torch.tensor([seq]), f))
+    # an EAGLE-1 drafter beside it reads the last block's output, the last H columns, and leaves the taps be
+    with torch.no_grad():
+        torch.testing.assert_close(load_drafter_beside(tmp_path, fresh_target, seq), load_drafter_beside(
+            tmp_path, copy.deepcopy(wide_target), seq))
+    assert fresh_target.feature_layers == (1,)
+    with pytest.raises(ValueError, match="feature layers must be"):
+        EagleConfig.for_target(wide_target, "t", feature_layers=(wide_target.cfg.num_hidden_layers,))
+
+
+def test_train_drafter_command_with_feature_layers(pair, capsys, tmp_path):  # noqa: F811
+    target, _ = pair
+    out = tmp_path / "drafter"
+    common = ["train-drafter", "--target", str(target), "--dtype", "float32", "--tokens", "2048", "--seq-len", "32",
+              "--batch", "2", "--budget", "1s"]
+    code, stdout, err = run_inline(capsys, *common, "--out", str(out), "--feature-layers", "1")
+    assert code == 0 and "trained" in stdout, err
+    assert json.loads((out / "config.json").read_text())["feature_layers"] == [1]
+    code, _, err = run_inline(capsys, *common, "--out", str(out))  # resumes with its own layers
+    assert code == 0 and "resuming at step" in err, err
+    code, _, err = run_inline(capsys, *common, "--out", str(out), "--feature-layers", "")
+    assert code == 2 and "would need a new --out" in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = run_inline(capsys, *common, "--out", str(tmp_path / "other"), "--features", str(out / "features"))
+    assert code == 2 and "cached features" in err.strip().splitlines()[-1] and "Traceback" not in err, err
+    for bad in ("99", "x"):
+        code, _, err = run_inline(capsys, *common, "--out", str(tmp_path / "bad"), "--feature-layers", bad)
+        assert code == 2 and "--feature-layers" in err and len(err.strip().splitlines()) == 1, err
+    plain = run_inline(capsys, "generate", "def x ( a ) :", "--target", str(target), "--dtype", "float32",
+                       "--strategy", "ar", "--max-new-tokens", "20", "--json")
+    spec = run_inline(capsys, "generate", "def x ( a ) :", "--target", str(target), "--dtype", "float32",
+                      "--strategy", "eagle", "--drafter", str(out), "--gamma", "3", "--max-new-tokens", "20", "--json")
+    assert plain[0] == 0 and spec[0] == 0, spec[2]
+    assert json.loads(spec[1])["token_ids"] == json.loads(plain[1])["token_ids"]
+
+
+def load_drafter_beside(tmp_path, target, seq: list[int]) -> torch.Tensor:
+    """A fresh EAGLE-1 drafter loaded beside `target`: its q after reading `seq`'s pairs (the target's features)."""
+    where = tmp_path / "eagle1"
+    if not where.is_dir():
+        EagleDrafter.fresh(EagleConfig.for_target(target, "t", head_vocab=32), target, target.lm_head.weight,
+                           seed=4).save(where)
+    drafter = load_drafter(where, target)
+    h = drafter.fuse_features(target_features(target, seq))
+    assert h.shape[-1] == target.cfg.hidden_size
+    return drafter.train_forward(torch.tensor([seq[1:]]), h[None, :-1])

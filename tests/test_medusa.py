@@ -248,3 +248,17 @@ def test_train_drafter_medusa_trains_resumes_and_drafts(pair, capsys, tmp_path):
     eagle = ["--kind", "eagle", "--out", str(out)]  # an EAGLE run into the heads' directory is refused
     code, _, err = run_inline(capsys, *[a for a in common if a not in ("--kind", "medusa")], *eagle, "--budget", "1s")
     assert code == 2 and "not an EAGLE one" in err, err
+
+
+def test_heads_beside_a_target_that_returns_eagle3_features_read_its_last_block(wide_target, medusa):
+    """A target whose forwards also return the outputs of its first blocks (for an EAGLE-3 drafter): the heads read
+    the last block's output, the last H columns, and accept what they accept beside the plain target."""
+    import copy
+
+    tapped = copy.deepcopy(wide_target)
+    tapped.feature_layers = (1,)
+    for prompt in PROMPTS:
+        runs = [generate(t, prompt, GenerationParams(max_new_tokens=30, gamma=3),
+                         MedusaProposer(medusa, wide_target.vocab_size)) for t in (wide_target, tapped)]
+        assert runs[0].token_ids == runs[1].token_ids
+        assert runs[0].metrics.accepted == runs[1].metrics.accepted

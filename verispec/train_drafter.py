@@ -2,7 +2,8 @@
 
 1. Features, once: the target (as it runs, e.g. w4a8) reads chunks of a corpus (by default the Python standard
    library's own source files, present on every machine) and its last-block outputs h_t are stored with the tokens
-   in shards under OUT/features (bf16). Resumable: finished shards are kept; the last shard is held out.
+   in shards under OUT/features (bf16); for an EAGLE-3 drafter (`feature_layers`), its outputs after those first
+   blocks before them, [..., (k + 1) H]. Resumable: finished shards are kept; the last shard is held out.
 2. Training: the drafter predicts h_t+1 from the pairs (h_<=t, token_<=t+1), and with depth > 1 the next steps
    from its own predictions (EagleDrafter.train_unrolled), and is fitted to the target by EAGLE's loss, smooth-L1
    on the feature plus 0.1 x the cross-entropy of its head's distribution against the target's own (the same head
@@ -382,12 +383,13 @@ def losses(drafter: EagleDrafter, head: Tensor, tokens: Tensor, features: Tensor
     depth > 1 also steps 2..depth from its own predictions (`EagleDrafter.train_unrolled`), each against the
     target's feature and distribution there, weighted step_decay ** (n - 1)."""
     preds = drafter.train_unrolled(tokens.long(), features.float(), depth)  # n-th: [B, T-n, H]
+    last = features[..., -drafter.eagle.hidden_size :].float()  # the last block's (beside EAGLE-3's feature layers)
     with torch.no_grad():  # the target's distributions at positions 1.., which step n reads from n on
-        teacher = F.linear(drafter.norm(features[:, 1:].float()), head)
+        teacher = F.linear(drafter.norm(last[:, 1:]), head)
         p = teacher.softmax(-1)
     total, first_reg, first_agree = features.new_zeros((), dtype=torch.float32), None, None
     for n, pred in enumerate(preds, start=1):
-        reg = F.smooth_l1_loss(pred, features[:, n:].float())
+        reg = F.smooth_l1_loss(pred, last[:, n:])
         student = F.linear(drafter.norm(pred), head)  # [B, T-n, V']
         cls = -(p[:, n - 1 :] * student.log_softmax(-1)).sum(-1).mean()
         total = total + step_decay ** (n - 1) * (reg + cls_weight * cls)
@@ -406,7 +408,8 @@ def step_agreements(drafter: EagleDrafter, tokens: Tensor, features: Tensor, dep
     head = drafter.lm_head.weight
     with torch.no_grad():
         preds = drafter.train_unrolled(tokens.long(), features.float(), depth)
-        teacher = F.linear(drafter.norm(features[:, 1:].float()), head).argmax(-1)  # step n reads it from n on
+        last = features[:, 1:, -drafter.eagle.hidden_size :].float()
+        teacher = F.linear(drafter.norm(last), head).argmax(-1)  # step n reads it from n on
         return [float((F.linear(drafter.norm(pred), head).argmax(-1) == teacher[:, n - 1 :]).float().mean())
                 for n, pred in enumerate(preds, start=1)]
 
@@ -465,6 +468,11 @@ def train(drafter: Drafter, shards: list[Path], out: Path, settings: TrainSettin
     val = load_file(str(shards[-1]))
     tokens = torch.cat([d["tokens"] for d in data])
     features = torch.cat([d["features"] for d in data])
+    width = drafter.medusa.hidden_size if isinstance(drafter, MedusaHeads) else \
+        (len(drafter.eagle.feature_layers) + 1) * drafter.eagle.hidden_size
+    if features.shape[-1] != width or val["features"].shape[-1] != width:
+        raise ValueError(f"the cached features in {shards[0].parent} are {features.shape[-1]} wide; this drafter reads "
+                         f"{width} (its feature layers differ from theirs): give another --features directory")
     gen = torch.Generator().manual_seed(settings.seed + step)
     device = drafter.lm_head.weight.device  # the target's (a GPU's)
 

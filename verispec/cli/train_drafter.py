@@ -51,6 +51,10 @@ def add_parser(sub, default_target: str) -> None:
                    help="eagle: draft steps trained from each position, step n reading the drafter's own step n-1 "
                         "(EAGLE-3's training-time test; 1: teacher forcing; each step costs about one more "
                         "forward; default: %(default)s)")
+    p.add_argument("--feature-layers", default=None, metavar="K,K",
+                   help="eagle: EAGLE-3's multi-layer features: the target's outputs after its first K blocks for each "
+                        "K (e.g. 3,14 of 28), fused with its last block's by one linear map; features are cached per "
+                        "set of layers (default: the last block's alone; a resumed drafter keeps its own)")
     p.set_defaults(run=run)
 
 
@@ -85,6 +89,12 @@ def run(args: argparse.Namespace) -> int:
         fail(f"--lr must be in (0, 1), got {args.lr}")
     if args.depth > 1 and args.kind != "eagle":
         fail("--depth trains an EAGLE drafter's later draft steps; Medusa heads guess all theirs from one feature")
+    try:
+        layers = tuple(int(k) for k in args.feature_layers.split(",") if k) if args.feature_layers else ()
+    except ValueError:
+        fail(f"--feature-layers takes a comma list of block counts, e.g. 3,14; got {args.feature_layers!r}")
+    if layers and args.kind != "eagle":
+        fail("--feature-layers chooses an EAGLE drafter's input features; Medusa heads read the last block's")
     if args.depth >= args.seq_len:
         fail(f"--depth {args.depth} needs sequences longer than that (--seq-len {args.seq_len})")
     from verispec.models.kernels import cpu_flags
@@ -104,6 +114,21 @@ def run(args: argparse.Namespace) -> int:
     model.requires_grad_(False)
     out = Path(args.out).expanduser() if args.out else cache_dir() / "drafters" / f"{target.name}-{args.kind}"
     features = Path(args.features).expanduser() if args.features else out / "features"
+    resume = (out / DRAFTER_CONFIG).is_file() and (out / "train-state.pt").is_file()
+    if resume and args.kind == "eagle":  # a resumed drafter reads the layers it was trained on
+        try:
+            had = EagleConfig(**drafter_config(out, "eagle", "an EAGLE one")).feature_layers
+        except (ModelError, TypeError) as e:
+            fail(f"{out}: {e}")
+        if args.feature_layers is not None and layers != had:
+            fail(f"{out} reads feature layers {','.join(map(str, had)) or 'none (the last block alone)'}; "
+                 f"--feature-layers {args.feature_layers} would need a new --out")
+        layers = had
+    try:
+        EagleConfig.for_target(model, target.name, feature_layers=layers)
+    except ValueError as e:
+        fail(f"--feature-layers: {e}")
+    model.feature_layers = layers  # the cached features: these layers' outputs, then the last block's
     t0 = time.perf_counter()
 
     def texts():
@@ -123,7 +148,6 @@ def run(args: argparse.Namespace) -> int:
         fail(str(e))
     features_s = time.perf_counter() - t0
     log_stderr(f"target features: {len(shards)} shards in {features} ({features_s / 60:.1f} min)")
-    resume = (out / DRAFTER_CONFIG).is_file() and (out / "train-state.pt").is_file()
     drafter: EagleDrafter | MedusaHeads
     try:
         if (out / DRAFTER_CONFIG).is_file():  # never train over a drafter of another kind
@@ -135,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             drafter = load_drafter(out, model, dtype=torch.float32) if resume else EagleDrafter.fresh(
                 EagleConfig.for_target(model, target.name, intermediate_size=args.intermediate,
-                                       head_vocab=args.head_vocab), model,
+                                       head_vocab=args.head_vocab, feature_layers=layers), model,
                 target_head(model, target.path, min(args.head_vocab, model.vocab_size)))
         result = train(drafter, shards, out, settings, log_stderr, progress)
     except (ModelError, ValueError) as e:

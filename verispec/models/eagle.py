@@ -7,7 +7,11 @@ reads to predict token t+1. The drafter reads the pair (h_t, token t+1):
     f_t+1 = decoder layer(x_<=t)                the predicted feature at position t+1, with a causal KV cache
     q    = softmax(head(norm(f_t+1)))          its guess at token t+2
 
-and drafts on by feeding its own f as the next feature. Embedding and final norm are the target's (shared, not
+and drafts on by feeding its own f as the next feature. EAGLE-3's multi-layer features (`feature_layers`, e.g.
+(3, 14) of 28 blocks): the target also returns its outputs after those first blocks, and h_t above is one linear
+map of all of them, g_t = fuse([low_t, mid_t, h_t]) ((k+1)H -> H), computed once per true pair; drafting steps still
+feed the drafter's own f in its place. The low and mid layers still carry what the last has already discarded
+about the tokens themselves. Embedding and final norm are the target's (shared, not
 copied); the head is the first `head_vocab` rows of the target's LM head (byte-level BPE ids run roughly in
 frequency order), so a draft step reads one layer and a small head: about a twentieth of the target.
 
@@ -42,6 +46,17 @@ class EagleConfig:
     rope_theta: float
     max_position_embeddings: int
     attention_bias: bool
+    feature_layers: tuple[int, ...] = ()  # EAGLE-3: the target's outputs after these first blocks, fused (see above)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "feature_layers", tuple(int(k) for k in self.feature_layers))
+
+    def check_layers(self, num_hidden_layers: int) -> None:
+        """Raise unless feature_layers are increasing block counts strictly inside the target's."""
+        k = self.feature_layers
+        if any(not 0 < a < num_hidden_layers for a in k) or list(k) != sorted(set(k)):
+            raise ValueError(f"feature layers must be increasing block counts in 1..{num_hidden_layers - 1}, got "
+                             f"{','.join(map(str, k))}")
 
     def llama(self, vocab_size: int) -> LlamaConfig:
         return LlamaConfig(vocab_size=vocab_size, hidden_size=self.hidden_size,
@@ -52,11 +67,13 @@ class EagleConfig:
 
     @classmethod
     def for_target(cls, target: LlamaModel, name: str, *, intermediate_size: int | None = None,
-                   head_vocab: int = 32000) -> "EagleConfig":
+                   head_vocab: int = 32000, feature_layers: tuple[int, ...] = ()) -> "EagleConfig":
         c = target.cfg
-        return cls("eagle", name, c.hidden_size, intermediate_size or c.intermediate_size, c.num_attention_heads,
-                   c.num_key_value_heads, min(head_vocab, c.vocab_size), c.rms_norm_eps, c.rope_theta,
-                   c.max_position_embeddings, c.attention_bias)
+        cfg = cls("eagle", name, c.hidden_size, intermediate_size or c.intermediate_size, c.num_attention_heads,
+                  c.num_key_value_heads, min(head_vocab, c.vocab_size), c.rms_norm_eps, c.rope_theta,
+                  c.max_position_embeddings, c.attention_bias, feature_layers)
+        cfg.check_layers(c.num_hidden_layers)
+        return cfg
 
 
 class EagleDrafter(LlamaModel):
@@ -67,6 +84,7 @@ class EagleDrafter(LlamaModel):
         h = cfg.hidden_size
         self.eagle = cfg
         self.fc = nn.Linear(2 * h, h, bias=True)
+        self.fuse = nn.Linear((len(cfg.feature_layers) + 1) * h, h, bias=False) if cfg.feature_layers else None
         self.lm_head = nn.Linear(h, cfg.head_vocab, bias=False)
 
     @classmethod
@@ -80,6 +98,8 @@ class EagleDrafter(LlamaModel):
         h = cfg.hidden_size
         state: dict[str, Tensor] = {"fc.weight": torch.cat([torch.zeros(h, h), torch.eye(h)], dim=1),
                                     "fc.bias": torch.zeros(h), "lm_head.weight": head.detach().float().clone()}
+        if drafter.fuse is not None:  # starts as the last block's output alone (EAGLE-1's feature)
+            state["fuse.weight"] = torch.cat([torch.zeros(h, len(cfg.feature_layers) * h), torch.eye(h)], dim=1)
         last = target.layers[-1]
         copy = cfg.intermediate_size == target.cfg.intermediate_size and isinstance(last.wqkv, nn.Linear)
         for name, p in drafter.layers[0].named_parameters():
@@ -100,10 +120,25 @@ class EagleDrafter(LlamaModel):
             raise ValueError("the EAGLE drafter reads the target's features beside each token")
         return self.fc(torch.cat([self.embed_tokens(tokens), features.to(self.dtype)], dim=-1))
 
+    def fuse_features(self, hidden: Tensor) -> Tensor:
+        """The target's features [..., F] (`LlamaModel.forward(hidden=True)`) as the drafter reads them, [..., H]:
+        as they are, or with EAGLE-3's feature layers the one linear map of all of them (once per true pair)."""
+        if self.fuse is None:  # the last block's output: the last H columns, whatever taps the target returns
+            return hidden[..., -self.eagle.hidden_size :]
+        return self.fuse(hidden.to(self.dtype))
+
     def share(self, target: LlamaModel) -> "EagleDrafter":
-        """Use the target's embedding table and final norm (never trained here, never copied)."""
+        """Use the target's embedding table and final norm (never trained here, never copied), and have its
+        forwards return the feature layers this drafter reads (one set a target: the last block's output, always
+        the last H columns, serves every other feature reader)."""
         if target.cfg.hidden_size != self.eagle.hidden_size:
             raise ValueError(f"drafter for hidden size {self.eagle.hidden_size}, target has {target.cfg.hidden_size}")
+        self.eagle.check_layers(target.cfg.num_hidden_layers)
+        if self.eagle.feature_layers:
+            if target.feature_layers and target.feature_layers != self.eagle.feature_layers:
+                raise ValueError(f"the target already returns the outputs of its first {target.feature_layers} blocks "
+                                 f"for another drafter; this one reads {self.eagle.feature_layers}")
+            target.feature_layers = self.eagle.feature_layers
         self.embed, self.norm = target.embed, target.norm
         return self
 
@@ -147,7 +182,7 @@ class EagleDrafter(LlamaModel):
             return out
 
         preds: list[Tensor] = []
-        feats = features
+        feats = self.fuse_features(features)
         for step in range(1, depth + 1):
             toks = tokens[:, step - 1 :]
             x = self.inputs(toks, feats[:, : toks.shape[1]])
@@ -206,6 +241,8 @@ def load_drafter(directory: str | Path, target: LlamaModel, *, quantize_kind: st
         drafter.lm_head = quantize(nn.ModuleList([drafter.lm_head]), quantize_kind)[0]
         if target.device.type == "cpu" and "avx512_bf16" in cpu_flags():
             drafter.fc = Bf16Linear(drafter.fc)
+            if drafter.fuse is not None:
+                drafter.fuse = Bf16Linear(drafter.fuse)
     drafter.share(target).init_rope()
     return drafter.to(target.device)  # its own weights and rope tables beside the target's (a GPU's)
 

@@ -509,6 +509,9 @@ class LlamaModel(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self._stack: tuple[list[Tensor], Any, Any] | None = None  # _layer_stack(): (weights, kernel module, stack)
+        # the features `forward(hidden=True)` returns: the outputs after the first k blocks for each k here, then the
+        # last block's, concatenated ([..., (len + 1) * H]); set by an EAGLE-3 drafter's loading (its low and mid taps)
+        self.feature_layers: tuple[int, ...] = ()
         self.register_buffer("cos", None, persistent=False)
         self.register_buffer("sin", None, persistent=False)
         self.register_buffer("cos_local", None, persistent=False)  # the sliding layers' rope, where it differs
@@ -583,7 +586,8 @@ class LlamaModel(nn.Module):
         layers     run only the first `layers` blocks, then the final norm and LM head (self-speculation)
         features   [B, T, F] per-token inputs beside the tokens, for models whose `inputs` reads them (EAGLE)
         hidden     also return the last block's output [B, T, H] (all T positions, before the final norm): the
-                   features a feature-level drafter reads; computed anyway, so free
+                   features a feature-level drafter reads; computed anyway, so free. With `feature_layers` set,
+                   the outputs after those blocks come first: [B, T, (len(feature_layers) + 1) * H]
         """
         t = tokens.shape[1]
         start = cache.length
@@ -597,28 +601,39 @@ class LlamaModel(nn.Module):
             mask = None
         key_pos = torch.cat([torch.arange(start), pos])  # [S]: the cached keys sit at their positions (see layer_plan)
         plan = self.layer_plan(pos, key_pos, mask, tokens.shape[0])
-        x = self.run_layers(self.inputs(tokens, features), cache, plan, layers)
+        x, taps = self.run_layers(self.inputs(tokens, features), cache, plan, layers, hidden)
         logits = self.lm_head(self.norm(x if last_n is None else x[:, -last_n:]))
-        return (logits, x) if hidden else logits
+        return (logits, torch.cat([*taps, x], -1) if taps else x) if hidden else logits
 
     def run_layers(self, x: Tensor, cache: Any, plan: list[tuple[Tensor, Tensor, Attend]],
-                   layers: int | None = None) -> Tensor:
+                   layers: int | None = None, tap: bool = False) -> tuple[Tensor, list[Tensor]]:
         """The first `layers` blocks (default all) over x [B, T, H], writing their keys and values to `cache` (a
         KVCache, a batch cache's row or rows view): in one compiled call where every block would run whole in its
-        own (kernels/layer.cpp), else block by block. Both give the same bits."""
+        own (kernels/layer.cpp), else block by block. Both give the same bits. Returns the output and, with `tap`,
+        the outputs after the first k blocks for each k in `feature_layers` below `layers` (else none)."""
         n = len(self.layers) if layers is None else layers
+        cuts = [k for k in self.feature_layers if 0 < k < n] if tap else []
+        taps: list[Tensor] = []
         stack = self._layer_stack(x, plan, n)
         if stack is None:
             for i in range(n):
+                if i in cuts:
+                    taps.append(x)
                 x = self.layers[i](x, i, cache, *plan[i])
-            return x
+            return x, taps
         cos, sin, attend = plan[0]
         batch, t, width = x.shape
         index, slots, read = attend.cache_plan(cache, batch, t)
         cos, sin = (c.reshape(-1, t, self.cfg.head_dim).contiguous() for c in (cos, sin))
         k, v = cache.buffers()
         rows = x.reshape(batch * t, width).contiguous()
-        return stack.run(n, rows, cos, sin, k, v, index, slots, read, attend.mask).view(batch, t, width)
+        start = 0
+        for end in [*cuts, n]:  # one call, or one a segment between the taps
+            rows = stack.run(end, rows, cos, sin, k, v, index, slots, read, attend.mask, start)
+            if end < n:
+                taps.append(rows.view(batch, t, width))
+            start = end
+        return rows.view(batch, t, width), taps
 
     def _layer_stack(self, x: Tensor, plan: list[tuple[Tensor, Tensor, Attend]], n: int) -> Any | None:
         """The compiled LayerStack of this model's blocks where the first n run in it: all w4a8, float32 activations,

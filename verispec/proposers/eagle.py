@@ -1,7 +1,7 @@
 """Drafting with an EAGLE feature-level drafter (verispec.models.eagle): the target's own features, one layer.
 
 The drafter's cache holds one entry per pair (h_t, token t+1) whose feature h_t is the *target's* (never a
-prediction): the prompt's pairs, then after each round the pairs the verification forward made known,
+prediction; with EAGLE-3's feature layers, their fusion, computed once as the pair becomes known): the prompt's pairs, then after each round the pairs the verification forward made known,
 zip(Outcome.hidden, Outcome.emitted) (the target's features at pending + the accepted drafts, each followed by
 the next emitted token). A round feeds those pending pairs in one forward (committed: they are true), then drafts
 on with its own predicted features (provisional: rolled back, since the next round brings the target's).
@@ -78,7 +78,8 @@ class EagleProposer:
             raise ValueError("EAGLE drafting needs the target's hidden states (a native Llama-family target)")
         self.cache.free(row)
         self.tokens[row] = list(prompt[1:])
-        self.features[row] = hidden if hidden is not None else torch.empty(0, self.drafter.eagle.hidden_size)
+        self.features[row] = self.drafter.fuse_features(hidden) if hidden is not None \
+            else torch.empty(0, self.drafter.eagle.hidden_size)
         self.fed[row] = 0
         self._stats[row] = ProposerStats()
 
@@ -190,7 +191,10 @@ class EagleProposer:
         fed = self.fed[row]
         self.cache.commit(row, fed)
         self.tokens[row] = self.tokens[row][fed:] + list(outcome.emitted)
-        self.features[row] = torch.cat([self.features[row][fed:], outcome.hidden.float()])
+        t0 = time.perf_counter()
+        fused = self.drafter.fuse_features(outcome.hidden).float()
+        self._stats[row].seconds += time.perf_counter() - t0  # drafting work (EAGLE-3's fusion): c counts it
+        self.features[row] = torch.cat([self.features[row][fed:], fused])
         self.fed[row] = 0
 
     def move(self, src: int, dst: int) -> None:

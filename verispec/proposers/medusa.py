@@ -88,7 +88,8 @@ class MedusaProposer:
     def reset(self, row: int, prompt: list[int], target: Rows | None = None, hidden: Tensor | None = None) -> None:
         if hidden is None and len(prompt) > 1:
             raise ValueError("Medusa heads need the target's hidden states (a native Llama-family target)")
-        self.feature[row] = hidden[-1:] if hidden is not None and len(hidden) else None  # none for 1-token prompts
+        h = self.heads.medusa.hidden_size  # the last block's output: the last h columns (see LlamaModel.forward)
+        self.feature[row] = hidden[-1:, -h:] if hidden is not None and len(hidden) else None  # none for 1-token prompts
         self._stats[row] = ProposerStats()
         if self.plan is not None:
             k, w = self.heads.medusa.heads, self.plan.max_width
@@ -174,7 +175,7 @@ class MedusaProposer:
     def observe(self, row: int, outcome: Outcome) -> None:
         if outcome.hidden is None:
             raise ValueError("Medusa heads need the target's hidden states of every round")
-        self.feature[row] = outcome.hidden[-1:]  # chose the last emitted token, the next round's pending one
+        self.feature[row] = outcome.hidden[-1:, -self.heads.medusa.hidden_size :]  # chose the last emitted token, the next round's pending one
         if self.plan is not None and self.counts[row].guesses is not None:
             self._score(self.counts[row], outcome.emitted)
 

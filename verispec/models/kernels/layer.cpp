@@ -166,19 +166,21 @@ torch::Tensor layer(torch::Tensor x, torch::Tensor norm1, double eps1, torch::Te
   return layer_post(x, attn, wo, so, oo, norm2, eps2, w13, s13, o13, w2, s2, o2);
 }
 
-// The first n layers of a model whose layers all run whole in `layer`, in one call: the ~100 us of Python and
-// argument passing each layer's call costs (~2.4 ms of the 0.5B draft's 16 ms token) paid once. ops holds 15
-// operands a layer and eps two, in `layer`'s order; k, v are the whole cache [layers, rows, KV, capacity, D]. Each
-// layer computes exactly what its own `layer` call computes.
+// Layers start .. n-1 of a model whose layers all run whole in `layer`, in one call: the ~100 us of Python and
+// argument passing each layer's call costs (~2.4 ms of the 0.5B draft's 16 ms token) paid once (a start above 0
+// lets a caller read the output of the first layers, as EAGLE-3's drafter does). ops holds 15 operands a layer and
+// eps two, in `layer`'s order; k, v are the whole cache [layers, rows, KV, capacity, D]. Each layer computes exactly
+// what its own `layer` call computes.
 torch::Tensor layers(const std::vector<torch::Tensor>& ops, const std::vector<double>& eps, int64_t heads,
                      int64_t kv_heads, int64_t n, torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
                      torch::Tensor k, torch::Tensor v, torch::Tensor rows, torch::Tensor slots, int64_t read,
-                     torch::Tensor mask) {
+                     torch::Tensor mask, int64_t start) {
   constexpr int64_t kOps = 15;
   TORCH_CHECK(static_cast<int64_t>(ops.size()) >= n * kOps && static_cast<int64_t>(eps.size()) >= 2 * n && n >= 0,
               "layers: 15 operands and 2 epsilons for each of the n layers");
+  TORCH_CHECK(start >= 0 && start <= n, "layers: 0 <= start <= n");
   TORCH_CHECK(k.dim() == 5 && k.sizes() == v.sizes() && k.size(0) >= n, "k, v: the cache's [layers, rows, KV, capacity, D]");
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = start; i < n; ++i) {
     const torch::Tensor* o = ops.data() + i * kOps;
     x = layer(x, o[0], eps[2 * i], o[1], o[2], o[3], o[4], cos, sin, heads, kv_heads, k.select(0, i), v.select(0, i),
               rows, slots, read, mask, o[5], o[6], o[7], o[8], eps[2 * i + 1], o[9], o[10], o[11], o[12], o[13], o[14]);

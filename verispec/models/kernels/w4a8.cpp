@@ -341,7 +341,7 @@ torch::Tensor layer(torch::Tensor x, torch::Tensor norm1, double eps1, torch::Te
 torch::Tensor layers(const std::vector<torch::Tensor>& ops, const std::vector<double>& eps, int64_t heads,
                      int64_t kv_heads, int64_t n, torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
                      torch::Tensor k, torch::Tensor v, torch::Tensor rows, torch::Tensor slots, int64_t read,
-                     torch::Tensor mask);
+                     torch::Tensor mask, int64_t start);
 
 // A model's decoder layers with their operands converted from Python once, not at every forward (360 tensors for
 // the 0.5B draft). Module-local: both builds (avx512, avx2) load into one process and each binds its own.
@@ -350,8 +350,9 @@ struct LayerStack {
   std::vector<double> eps;
   int64_t heads, kv_heads;
   torch::Tensor run(int64_t n, torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor k,
-                    torch::Tensor v, torch::Tensor rows, torch::Tensor slots, int64_t read, torch::Tensor mask) const {
-    return layers(ops, eps, heads, kv_heads, n, x, cos, sin, k, v, rows, slots, read, mask);
+                    torch::Tensor v, torch::Tensor rows, torch::Tensor slots, int64_t read, torch::Tensor mask,
+                    int64_t start) const {
+    return layers(ops, eps, heads, kv_heads, n, x, cos, sin, k, v, rows, slots, read, mask, start);
   }
 };
 
@@ -359,7 +360,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<LayerStack>(m, "LayerStack", pybind11::module_local(), "a model's w4a8 decoder layers, run whole in one call")
       .def(pybind11::init([](std::vector<torch::Tensor> ops, std::vector<double> eps, int64_t heads,
                              int64_t kv_heads) { return LayerStack{std::move(ops), std::move(eps), heads, kv_heads}; }))
-      .def("run", &LayerStack::run, "the first n layers over x (layer()'s arguments, the cache whole)");
+      .def("run", &LayerStack::run, "layers start .. n-1 over x (layer()'s arguments, the cache whole)",
+           pybind11::arg("n"), pybind11::arg("x"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("k"),
+           pybind11::arg("v"), pybind11::arg("rows"), pybind11::arg("slots"), pybind11::arg("read"),
+           pybind11::arg("mask"), pybind11::arg("start") = 0);
   m.def("w4a8_mm", &w4a8_mm, "4-bit weight x int8 activation matmul");
   m.def("attention", &attention, "attention of each query on its own over a float32 KV cache");
   m.def("layer_pre", &layer_pre, "a decoder layer's norm, q/k/v projection and rope (w4a8 weights)");
