@@ -242,8 +242,7 @@ def forward_rows(model: LlamaModel, chains: list[list[int]], cache: BatchKVCache
         feats = torch.zeros(n, t, features[0].shape[-1], dtype=features[0].dtype, device=device)
         for b, f in enumerate(features):
             feats[b, : f.shape[0]] = f
-    x, taps = model.run_layers(model.inputs(tokens, feats), view, plan, layers, hidden)
-    h = torch.cat([*taps, x], -1) if taps else x
+    x, h = model.run_layers(model.inputs(tokens, feats), view, plan, layers, hidden)
     states = [h[b, : lens[b]] for b in range(n)]
     if last_only:
         x = x[torch.arange(n, device=device), torch.tensor(lens, device=device) - 1][:, None]  # [n, 1, H]

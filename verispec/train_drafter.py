@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from verispec.models.eagle import EagleDrafter
-from verispec.models.llama import LlamaModel
+from verispec.models.llama import LlamaModel, last_block
 from verispec.models.medusa import MedusaHeads
 
 Log = Callable[[str], None]
@@ -383,7 +383,7 @@ def losses(drafter: EagleDrafter, head: Tensor, tokens: Tensor, features: Tensor
     depth > 1 also steps 2..depth from its own predictions (`EagleDrafter.train_unrolled`), each against the
     target's feature and distribution there, weighted step_decay ** (n - 1)."""
     preds = drafter.train_unrolled(tokens.long(), features.float(), depth)  # n-th: [B, T-n, H]
-    last = features[..., -drafter.eagle.hidden_size :].float()  # the last block's (beside EAGLE-3's feature layers)
+    last = last_block(features, drafter.eagle.hidden_size).float()
     with torch.no_grad():  # the target's distributions at positions 1.., which step n reads from n on
         teacher = F.linear(drafter.norm(last[:, 1:]), head)
         p = teacher.softmax(-1)
@@ -408,7 +408,7 @@ def step_agreements(drafter: EagleDrafter, tokens: Tensor, features: Tensor, dep
     head = drafter.lm_head.weight
     with torch.no_grad():
         preds = drafter.train_unrolled(tokens.long(), features.float(), depth)
-        last = features[:, 1:, -drafter.eagle.hidden_size :].float()
+        last = last_block(features[:, 1:], drafter.eagle.hidden_size).float()
         teacher = F.linear(drafter.norm(last), head).argmax(-1)  # step n reads it from n on
         return [float((F.linear(drafter.norm(pred), head).argmax(-1) == teacher[:, n - 1 :]).float().mean())
                 for n, pred in enumerate(preds, start=1)]

@@ -115,20 +115,27 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out).expanduser() if args.out else cache_dir() / "drafters" / f"{target.name}-{args.kind}"
     features = Path(args.features).expanduser() if args.features else out / "features"
     resume = (out / DRAFTER_CONFIG).is_file() and (out / "train-state.pt").is_file()
-    if resume and args.kind == "eagle":  # a resumed drafter reads the layers it was trained on
+    saved: dict = {}
+    if (out / DRAFTER_CONFIG).is_file():  # never train over a drafter of another kind (known before the features)
         try:
-            had = EagleConfig(**drafter_config(out, "eagle", "an EAGLE one")).feature_layers
-        except (ModelError, TypeError) as e:
-            fail(f"{out}: {e}")
-        if args.feature_layers is not None and layers != had:
-            fail(f"{out} reads feature layers {','.join(map(str, had)) or 'none (the last block alone)'}; "
-                 f"--feature-layers {args.feature_layers} would need a new --out")
-        layers = had
-    try:
-        EagleConfig.for_target(model, target.name, feature_layers=layers)
-    except ValueError as e:
-        fail(f"--feature-layers: {e}")
-    model.feature_layers = layers  # the cached features: these layers' outputs, then the last block's
+            saved = drafter_config(out, args.kind, "Medusa heads" if args.kind == "medusa" else "an EAGLE one")
+        except ModelError as e:
+            fail(str(e))
+    config: EagleConfig | None = None
+    if args.kind == "eagle":  # its feature layers decide the cached features: these layers' outputs, then the last
+        try:
+            if resume:  # a resumed drafter reads the layers it was trained on
+                config = EagleConfig(**saved)
+                config.check_layers(model.cfg.num_hidden_layers)
+            else:
+                config = EagleConfig.for_target(model, target.name, intermediate_size=args.intermediate,
+                                                head_vocab=args.head_vocab, feature_layers=layers)
+        except (TypeError, ValueError) as e:
+            fail(f"{out}: {e}" if resume else f"--feature-layers: {e}")
+        if resume and args.feature_layers is not None and layers != config.feature_layers:
+            had = ",".join(map(str, config.feature_layers)) or "none (the last block alone)"
+            fail(f"{out} reads feature layers {had}; --feature-layers {args.feature_layers} would need a new --out")
+        model.feature_layers = config.feature_layers
     t0 = time.perf_counter()
 
     def texts():
@@ -150,17 +157,14 @@ def run(args: argparse.Namespace) -> int:
     log_stderr(f"target features: {len(shards)} shards in {features} ({features_s / 60:.1f} min)")
     drafter: EagleDrafter | MedusaHeads
     try:
-        if (out / DRAFTER_CONFIG).is_file():  # never train over a drafter of another kind
-            drafter_config(out, args.kind, "Medusa heads" if args.kind == "medusa" else "an EAGLE one")
         if args.kind == "medusa":
             drafter = load_heads(out, model) if resume else MedusaHeads.fresh(
                 MedusaConfig.for_target(model, target.name, heads=args.heads, head_vocab=args.head_vocab), model,
                 target_head(model, target.path, min(args.head_vocab, model.vocab_size)))
         else:
+            assert config is not None
             drafter = load_drafter(out, model, dtype=torch.float32) if resume else EagleDrafter.fresh(
-                EagleConfig.for_target(model, target.name, intermediate_size=args.intermediate,
-                                       head_vocab=args.head_vocab, feature_layers=layers), model,
-                target_head(model, target.path, min(args.head_vocab, model.vocab_size)))
+                config, model, target_head(model, target.path, min(args.head_vocab, model.vocab_size)))
         result = train(drafter, shards, out, settings, log_stderr, progress)
     except (ModelError, ValueError) as e:
         fail(str(e))

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from verispec.models.files import DRAFTER_CONFIG, DRAFTER_WEIGHTS
-from verispec.models.llama import LlamaConfig, LlamaModel
+from verispec.models.llama import LlamaConfig, LlamaModel, last_block
 
 
 @dataclass(frozen=True)
@@ -123,8 +123,8 @@ class EagleDrafter(LlamaModel):
     def fuse_features(self, hidden: Tensor) -> Tensor:
         """The target's features [..., F] (`LlamaModel.forward(hidden=True)`) as the drafter reads them, [..., H]:
         as they are, or with EAGLE-3's feature layers the one linear map of all of them (once per true pair)."""
-        if self.fuse is None:  # the last block's output: the last H columns, whatever taps the target returns
-            return hidden[..., -self.eagle.hidden_size :]
+        if self.fuse is None:  # the last block's output, whatever feature layers the target returns before it
+            return last_block(hidden, self.eagle.hidden_size)
         return self.fuse(hidden.to(self.dtype))
 
     def share(self, target: LlamaModel) -> "EagleDrafter":

@@ -493,6 +493,12 @@ class Block(nn.Module):
         return ops
 
 
+def last_block(features: Tensor, hidden_size: int) -> Tensor:
+    """The last block's output in the features `LlamaModel.forward(hidden=True)` returns: their last hidden_size
+    columns, whatever feature layers come before them."""
+    return features[..., -hidden_size:]
+
+
 class LlamaModel(nn.Module):
     """Implements verispec.models.base.CausalLM."""
 
@@ -601,16 +607,17 @@ class LlamaModel(nn.Module):
             mask = None
         key_pos = torch.cat([torch.arange(start), pos])  # [S]: the cached keys sit at their positions (see layer_plan)
         plan = self.layer_plan(pos, key_pos, mask, tokens.shape[0])
-        x, taps = self.run_layers(self.inputs(tokens, features), cache, plan, layers, hidden)
+        x, features_out = self.run_layers(self.inputs(tokens, features), cache, plan, layers, hidden)
         logits = self.lm_head(self.norm(x if last_n is None else x[:, -last_n:]))
-        return (logits, torch.cat([*taps, x], -1) if taps else x) if hidden else logits
+        return (logits, features_out) if hidden else logits
 
     def run_layers(self, x: Tensor, cache: Any, plan: list[tuple[Tensor, Tensor, Attend]],
-                   layers: int | None = None, tap: bool = False) -> tuple[Tensor, list[Tensor]]:
+                   layers: int | None = None, tap: bool = False) -> tuple[Tensor, Tensor]:
         """The first `layers` blocks (default all) over x [B, T, H], writing their keys and values to `cache` (a
         KVCache, a batch cache's row or rows view): in one compiled call where every block would run whole in its
-        own (kernels/layer.cpp), else block by block. Both give the same bits. Returns the output and, with `tap`,
-        the outputs after the first k blocks for each k in `feature_layers` below `layers` (else none)."""
+        own (kernels/layer.cpp), else block by block. Both give the same bits. Returns the output and the features
+        `forward(hidden=True)` returns: with `tap`, the outputs after the first k blocks for each k in
+        `feature_layers` below `layers` before it, concatenated; else the output itself."""
         n = len(self.layers) if layers is None else layers
         cuts = [k for k in self.feature_layers if 0 < k < n] if tap else []
         taps: list[Tensor] = []
@@ -620,7 +627,7 @@ class LlamaModel(nn.Module):
                 if i in cuts:
                     taps.append(x)
                 x = self.layers[i](x, i, cache, *plan[i])
-            return x, taps
+            return x, torch.cat([*taps, x], -1) if taps else x
         cos, sin, attend = plan[0]
         batch, t, width = x.shape
         index, slots, read = attend.cache_plan(cache, batch, t)
@@ -633,7 +640,8 @@ class LlamaModel(nn.Module):
             if end < n:
                 taps.append(rows.view(batch, t, width))
             start = end
-        return rows.view(batch, t, width), taps
+        x = rows.view(batch, t, width)
+        return x, torch.cat([*taps, x], -1) if taps else x
 
     def _layer_stack(self, x: Tensor, plan: list[tuple[Tensor, Tensor, Attend]], n: int) -> Any | None:
         """The compiled LayerStack of this model's blocks where the first n run in it: all w4a8, float32 activations,

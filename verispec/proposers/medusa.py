@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from verispec.batch import Rows
+from verispec.models.llama import last_block
 from verispec.models.medusa import MedusaHeads
 from verispec.proposers.base import Outcome, Proposal, ProposerStats, charge
 from verispec.proposers.draft_model import probs_on_vocab, to_vocab
@@ -88,8 +89,8 @@ class MedusaProposer:
     def reset(self, row: int, prompt: list[int], target: Rows | None = None, hidden: Tensor | None = None) -> None:
         if hidden is None and len(prompt) > 1:
             raise ValueError("Medusa heads need the target's hidden states (a native Llama-family target)")
-        h = self.heads.medusa.hidden_size  # the last block's output: the last h columns (see LlamaModel.forward)
-        self.feature[row] = hidden[-1:, -h:] if hidden is not None and len(hidden) else None  # none for 1-token prompts
+        self.feature[row] = last_block(hidden[-1:], self.heads.medusa.hidden_size) \
+            if hidden is not None and len(hidden) else None  # none for 1-token prompts
         self._stats[row] = ProposerStats()
         if self.plan is not None:
             k, w = self.heads.medusa.heads, self.plan.max_width
@@ -175,7 +176,8 @@ class MedusaProposer:
     def observe(self, row: int, outcome: Outcome) -> None:
         if outcome.hidden is None:
             raise ValueError("Medusa heads need the target's hidden states of every round")
-        self.feature[row] = outcome.hidden[-1:, -self.heads.medusa.hidden_size :]  # chose the last emitted token, the next round's pending one
+        # chose the last emitted token, the next round's pending one
+        self.feature[row] = last_block(outcome.hidden[-1:], self.heads.medusa.hidden_size)
         if self.plan is not None and self.counts[row].guesses is not None:
             self._score(self.counts[row], outcome.emitted)
 

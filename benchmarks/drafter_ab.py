@@ -1,6 +1,12 @@
-"""A/B: two EAGLE drafters (teacher-forced, and continued with the training-time test), interleaved per prompt,
-greedy, default w4a8 target, at each gamma. Prints decode tok/s, tau (tokens a round), c, and checks outputs.
-usage: python ttt_ab.py DIR_A DIR_B CATEGORIES LIMIT GAMMAS"""
+"""A/B of two EAGLE drafters beside plain decoding: greedy, the default w4a8 target, each prompt decoded by every
+configuration in turn with a rotating start, at each gamma. Prints decode tok/s (prefill excluded) and its ratio to
+plain decoding, tau (tokens a round), c, and how many outputs differ from plain decoding.
+
+    python benchmarks/drafter_ab.py DIR_A DIR_B CATEGORIES LIMIT GAMMAS
+    e.g. python benchmarks/drafter_ab.py ~/d1 ~/d3 code_completion,code_instruct,code_edit,math,qa 2 2,4
+
+(The A/Bs of 2026-11-27-epyc-avx512-eagle-ttt and -eagle3-features ran this code, as ttt_ab.py and eagle3_ab.py.)
+"""
 import sys
 from pathlib import Path
 from verispec.bench.suite import load_prompts
@@ -22,6 +28,8 @@ max_len = max(len(p) for p in prompts) + 200
 
 def run(name, prompt, gamma, n=128):
     dr = drafters.get(name)
+    # the target returns the fused drafter's layers only when it drafts (plain and EAGLE-1 runs as they would alone)
+    target.model.feature_layers = () if dr is None else dr.eagle.feature_layers
     return generate(target.model, prompt, GenerationParams(max_new_tokens=n, gamma=gamma),
                     None if dr is None else EagleProposer(dr, max_len, target.model.vocab_size))
 
