@@ -1,7 +1,7 @@
 """A/B two (or more) versions of the w4a8 kernel source with the same compiler flags: bit-identity, then ms per matmul.
 
     git show HEAD:verispec/models/kernels/w4a8.cpp > /tmp/old.cpp
-    python benchmarks/kernel_ab.py /tmp/old.cpp verispec/models/kernels/w4a8.cpp [more.cpp ...] [--isa avx512|avx2]
+    python benchmarks/kernel_ab.py /tmp/old.cpp verispec/models/kernels/w4a8.cpp [more.cpp ...] [--isa avx512|avxvnni|avx2]
 
 Each matrix shape runs with 8 weight copies cycled (more than the L3), the versions interleaved (the order reversed
 every other repetition), median of 15. Prints each version's ms over the first's and the GB/s of weights and scales
@@ -20,7 +20,7 @@ import torch
 from torch.utils import cpp_extension
 
 from verispec.models import kernels
-from verispec.models.kernels import ISA_CFLAGS
+from verispec.models.kernels import ISA_CFLAGS, isa_cflags
 from verispec.models.quant import W4A8Linear
 
 
@@ -43,7 +43,7 @@ def main() -> None:
         copy.write_text(Path(src).read_text())
         others = [str(here / name) for name in kernels.SOURCES if name != "w4a8.cpp"]
         mods[tag] = cpp_extension.load(name=f"kernel_ab_{args.isa}_{tag}", sources=[str(copy), *others],
-                                       extra_cflags=[*ISA_CFLAGS[args.isa], f"-I{here}"],
+                                       extra_cflags=[*isa_cflags(args.isa), f"-I{here}"],
                                        extra_ldflags=kernels.LDFLAGS, build_directory=str(build))
     torch.manual_seed(0)
     for shape in args.shapes.split(","):

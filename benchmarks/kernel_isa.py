@@ -1,4 +1,4 @@
-"""Time the w4a8 kernel's builds (AVX-512 VNNI, AVX2) side by side on this machine: ms per matmul.
+"""Time the w4a8 kernel's builds (AVX-512 VNNI, AVX-VNNI, AVX2) side by side on this machine: ms per matmul.
 
     python benchmarks/kernel_isa.py [--shape 8960x1536] [--rows 1,5,9] [--bits 4,8] [--matrices 8]
 
@@ -34,7 +34,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     n, k = (int(v) for v in args.shape.split("x"))
     builds = {isa: kernels.w4a8(isa) for isa in kernels.available_isas()}
-    flags = sorted(f for f in kernels.cpu_flags() if f.startswith(("avx512", "avx2", "avxvnni", "fma", "f16c")))
+    flags = sorted(f for f in kernels.cpu_flags() if f.startswith(("avx512", "avx2", "avx_vnni", "fma", "f16c")))
     print(f"CPU flags: {' '.join(flags)}; threads {torch.get_num_threads()}; builds {', '.join(builds)}")
     print("bits | rows | " + " | ".join(f"{isa} ms" for isa in builds) + " | ratio (last / first)")
     torch.manual_seed(0)

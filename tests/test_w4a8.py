@@ -235,13 +235,25 @@ def test_builds_are_bit_identical(bits):
 
 def test_build_is_picked_from_the_cpu_and_can_be_forced(monkeypatch):
     """The best build this CPU runs, unless $VERISPEC_KERNEL_ISA names one; a build the CPU lacks is refused with
-    the missing flags, and a CPU without AVX-512 gets the AVX2 build (faked flags: a Zen 3's)."""
-    assert not any("avx512" in f for f in kernels.ISA_CFLAGS["avx2"])  # an AVX2 machine compiles no AVX-512 code
+    the missing flags, a CPU with AVX-VNNI and no AVX-512 gets the AVX-VNNI build (faked flags: an Alder Lake's),
+    one with AVX-512 VNNI and no AVX-VNNI runs it as its EVEX stand-in (a Zen 4's), and a CPU without either gets
+    the AVX2 build (a Zen 3's)."""
+    for isa in ("avx2", "avxvnni"):  # an AVX2 or AVX-VNNI machine compiles no AVX-512 code
+        assert not any("avx512" in f for f in kernels.ISA_CFLAGS[isa])
     monkeypatch.delenv(kernels.ISA_ENV, raising=False)
     assert kernels.kernel_isa() == kernels.available_isas()[0]
     monkeypatch.setenv(kernels.ISA_ENV, "avx3")
-    with pytest.raises(KernelError, match="avx512, avx2"):
+    with pytest.raises(KernelError, match="avx512, avxvnni, avx2"):
         kernels.kernel_isa()
+    alder_lake = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx_vnni"})
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: alder_lake)
+    monkeypatch.setenv(kernels.ISA_ENV, "auto")
+    assert kernels.available_isas() == ["avxvnni", "avx2"] and kernels.kernel_isa() == "avxvnni"
+    assert "-mavxvnni" in kernels.isa_cflags("avxvnni") and not any("avx512" in f for f in kernels.isa_cflags("avxvnni"))
+    zen4 = frozenset({"avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"})
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: zen4)
+    assert kernels.available_isas() == ["avx512", "avxvnni", "avx2"]
+    assert "-DVERISPEC_YMM" in kernels.isa_cflags("avxvnni") and "-mavxvnni" not in kernels.isa_cflags("avxvnni")
     zen3 = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"})
     monkeypatch.setattr(kernels, "cpu_flags", lambda: zen3)
     monkeypatch.setenv(kernels.ISA_ENV, "avx512")
@@ -251,6 +263,29 @@ def test_build_is_picked_from_the_cpu_and_can_be_forced(monkeypatch):
         w4a8("avx512")
     monkeypatch.setenv(kernels.ISA_ENV, "auto")
     assert kernels.available_isas() == ["avx2"] and kernels.kernel_isa() == "avx2"
+
+
+def test_a_build_the_compiler_cannot_make_falls_back_to_the_next(monkeypatch, capsys):
+    """A compiler without -mavxvnni (GCC < 11) on an AVX-VNNI CPU: the AVX2 build runs, kernel_isa() says so and
+    one line says why; forced with $VERISPEC_KERNEL_ISA, the failure is the error."""
+    built: list[str] = []
+
+    def build(isa: str):
+        built.append(isa)
+        if isa == "avxvnni":
+            raise KernelError("cannot build the w4a8 kernel (g++: error: unrecognized command-line option '-mavxvnni')")
+        return isa
+
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx", "avx2", "fma", "f16c", "avx_vnni"}))
+    monkeypatch.setattr(kernels, "_build", build)
+    monkeypatch.setattr(kernels, "_chosen", {})
+    monkeypatch.setattr(kernels, "_unbuildable", set())
+    monkeypatch.delenv(kernels.ISA_ENV, raising=False)
+    assert w4a8() == "avx2" and built == ["avxvnni", "avx2"] and kernels.kernel_isa() == "avx2"
+    assert "the avxvnni kernel build failed" in capsys.readouterr().err
+    monkeypatch.setenv(kernels.ISA_ENV, "avxvnni")
+    with pytest.raises(KernelError, match="mavxvnni"):
+        w4a8()
 
 
 def test_refusals_name_what_to_use(tmp_path, monkeypatch):

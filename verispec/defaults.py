@@ -53,7 +53,8 @@ def default_gamma(dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE, kern
     capped at 6 decoded 1.35x / 1.42x our plain decoding greedy against 1.34x / 1.40x at 4, and 1.38x / 1.42x
     against 1.31x / 1.39x at T = 0.7 (two runs of 18 suite prompts; 8: 1.31x, 1.33x; benchmarks/results/
     2026-11-26-epyc-avx512-auto-gamma-cap*). The AVX2 build's verification costs more (1.4x a step for 2 tokens
-    on that CPU), and 4 stays there and elsewhere (GPU).
+    on that CPU), and 4 stays there, with the AVX-VNNI build (5 tokens 1.83x a step against the AVX2 build's 2.04x,
+    its EVEX stand-in on that CPU: 2026-11-27-epyc-avxvnni-build) and elsewhere (GPU).
 
     >>> default_gamma("bfloat16", "cpu"), default_gamma("w4a8", "cpu", "avx512"), default_gamma("w4a8", "cpu", "avx2")
     (8, 6, 4)
@@ -118,7 +119,10 @@ def default_verify_cost(device: str = DEFAULT_DEVICE, *, kernel_isa: str | None 
     2026-11-25-xeon-verify-cost-curves). Re-measured after the weights' prefetch into L2 made the one-token step
     cheaper (AVX-512 1.09 / 1.32 / 1.7 / 2.42x, AVX2 1.15 / 1.44 / 2.33 / 3.74x), those curves drafted shorter and
     ran no faster (1.349 vs 1.362x, 1.246 vs 1.251x plain decoding greedy: 2026-11-25-xeon-prefetch-l2), so these
-    stay. A bf16 target is bound by reading 3 GB of weights (5 tokens ~1.05x, 9
+    stay. The AVX-VNNI build plans with the AVX2 curve: no CPU with AVX-VNNI was measured, and its EVEX stand-in on
+    the AMD EPYC verified 2 / 5 / 8 tokens in 1.30 / 1.83 / 2.51x a step, nearer the AVX2 build's 1.36 / 2.04 /
+    3.29x than the AVX-512 build's 1.00 / 1.39 / 1.99x (2026-11-27-epyc-avxvnni-build). A bf16 target is bound by
+    reading 3 GB of weights (5 tokens ~1.05x, 9
     ~1.3x). On a GPU an eager forward is bound by its kernel launches; a forward of up to 16 tokens attends each
     of them on its own (llama.EXACT_ATTENTION_MAX) in one Triton launch (models.triton_attention): an H200 with
     random weights of the 1.5B target's shapes took 23.3 / 19.7 / 19.3 / 20.9 / 25.6 ms for 1 / 2 / 4 / 8 / 16
@@ -126,7 +130,7 @@ def default_verify_cost(device: str = DEFAULT_DEVICE, *, kernel_isa: str | None 
     19.7). Without Triton one call a query: 19.4 / 27.0 / 32.3 / 45.0 / 69.1 ms (run 5's one-query-calls). The
     curve before, 1.2x for 2 and 2.19x for 16, was measured with torch's cuDNN attention, not exact there.
 
-    >>> default_verify_cost("cpu", kernel_isa="avx512")[2], default_verify_cost("cpu", kernel_isa="avx2")[2]
+    >>> default_verify_cost("cpu", kernel_isa="avx512")[2], default_verify_cost("cpu", kernel_isa="avxvnni")[2]
     ((5, 1.25), (5, 1.32))
     >>> default_verify_cost("cuda", triton=True), default_verify_cost("cuda", triton=False)[-1]
     ([(1, 1.0), (2, 1.0), (4, 1.0), (8, 1.06), (16, 1.3)], (16, 3.56))
@@ -139,7 +143,7 @@ def default_verify_cost(device: str = DEFAULT_DEVICE, *, kernel_isa: str | None 
         if triton:
             return [(1, 1.0), (2, 1.0), (4, 1.0), (8, 1.06), (16, 1.3)]
         return [(1, 1.0), (2, 1.39), (4, 1.66), (8, 2.32), (16, 3.56)]
-    if kernel_isa == "avx2":
+    if kernel_isa in ("avx2", "avxvnni"):
         return [(1, 1.0), (2, 1.08), (5, 1.32), (9, 2.1), (16, 3.45)]
     if kernel_isa is not None:
         return [(1, 1.0), (2, 1.05), (5, 1.25), (9, 1.65), (16, 2.9)]
@@ -153,7 +157,7 @@ def describe(dtype: str, draft_dtype: str | None, strategy: str, gamma: int, ker
     >>> describe("w4a8", "w4a8-4bit", "draft+ngram", 4, "avx2", 65536)
     'verispec: w4a8 target (AVX2 kernel build), w4a8-4bit draft (ids < 65536), draft+ngram, gamma 4: the fastest exact configuration measured for this CPU (--dtype bfloat16 runs the GGUF dequantized)'
     """
-    build = {"avx512": "AVX-512 VNNI", "avx2": "AVX2"}.get(kernel_isa or "", "")
+    build = {"avx512": "AVX-512 VNNI", "avxvnni": "AVX-VNNI", "avx2": "AVX2"}.get(kernel_isa or "", "")
     target = f"{dtype} target" + (f" ({build} kernel build)" if dtype.startswith("w4a8") and build else "")
     draft = f", {draft_dtype} draft" + (f" (ids < {draft_vocab})" if draft_vocab else "") if draft_dtype else ""
     return (f"verispec: {target}{draft}, {strategy}, gamma {gamma}: the fastest exact configuration measured for "

@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
                                  args.budget, on_prompt=lambda n: bar.update(1))
     chosen = best(measured)
     print(table(measured, lambda d: costs[d]))
-    flags = sorted(f for f in cpu_flags() if f.startswith(("avx512_vnni", "avx512_bf16", "avx2", "amx")))
+    flags = sorted(f for f in cpu_flags() if f.startswith(("avx512_vnni", "avx512_bf16", "avx_vnni", "avx2", "amx")))
     models = {"target": args.target, "draft": args.draft}
     data = config_dict(chosen, models, measured, done, " ".join(flags))
     try:

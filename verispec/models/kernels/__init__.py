@@ -6,9 +6,11 @@ needs: it is bound by reading weights, and verification must cost about what a 1
 source is compiled with torch's extension builder (g++, ninja) into the verispec cache, keyed by the source,
 the instruction set, torch and Python versions, so it builds once per machine.
 
-It has two builds, picked from the CPU's flags: AVX-512 VNNI, and AVX2 + FMA + F16C (most x86 CPUs without
-AVX-512: AMD Zen 2/3, Intel's consumer chips). Their outputs are bit-identical. `VERISPEC_KERNEL_ISA=avx2`
-forces the AVX2 build where both would run, so it can be tested and timed on an AVX-512 machine.
+It has three builds, the best the CPU's flags allow picked: AVX-512 VNNI; AVX-VNNI (AVX2 with the 256-bit dot
+product instruction: Intel's cores since Alder Lake, AMD's since Zen 5); AVX2 + FMA + F16C (most other x86 CPUs
+without AVX-512: AMD Zen 2/3, Intel's consumer chips before Alder Lake). Their outputs are bit-identical.
+`VERISPEC_KERNEL_ISA=avx2` (or `avxvnni`) forces a lesser build where a better one would run, so each can be tested
+and timed on an AVX-512 machine; the AVX-VNNI build runs there as the EVEX form of the same instruction.
 """
 
 from __future__ import annotations
@@ -27,15 +29,22 @@ ISA_ENV = "VERISPEC_KERNEL_ISA"
 # best first; an AVX2 machine never compiles (or runs) the AVX-512 build
 ISA_FLAGS = {
     "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma", "f16c"),
+    "avxvnni": ("avx2", "fma", "f16c", "avx_vnni"),
     "avx2": ("avx2", "fma", "f16c"),
 }
+# A CPU with AVX-512 VNNI but not AVX-VNNI (AMD Zen 4) runs the AVX-VNNI build's 256-bit code with the EVEX form of
+# its instruction (the same operation): the build's stand-in there, so that it is tested and timed on such machines.
+EVEX_VNNI_FLAGS = ("avx2", "fma", "f16c", "avx512vl", "avx512_vnni")
 # -fopenmp: at::parallel_for is inlined from ATen's headers as an OpenMP loop; compiled without it, the pragma is
 # dropped and the kernel runs on one thread (measured: 1 and 2 threads equally fast until it was added).
 # -ffp-contract=off: attention.cpp's plain C++ must round the same in both builds (no fused multiply-adds added).
 ISA_CFLAGS = {
     "avx512": ["-O3", "-fopenmp", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-mf16c"],
+    "avxvnni": ["-O3", "-fopenmp", "-ffp-contract=off", "-mavx2", "-mfma", "-mf16c", "-mavxvnni"],
     "avx2": ["-O3", "-fopenmp", "-ffp-contract=off", "-mavx2", "-mfma", "-mf16c"],
 }
+EVEX_VNNI_CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-mavx2", "-mfma", "-mf16c", "-mavx512vl", "-mavx512vnni",
+                    "-DVERISPEC_YMM", "-mprefer-vector-width=256"]  # 256-bit code (vec.h, w4a8.cpp, GCC's own loops)
 LDFLAGS = ["-fopenmp"]
 SOURCES = ("w4a8.cpp", "attention.cpp", "layer.cpp")
 HEADERS = ("vec.h", "tensor.h")
@@ -74,9 +83,20 @@ def cpu_model() -> str:
     return platform.processor()
 
 
+def _evex_vnni() -> bool:
+    """Whether the AVX-VNNI build runs as its EVEX stand-in here (AVX-512 VNNI, no AVX-VNNI)."""
+    flags = cpu_flags()
+    return "avx_vnni" not in flags and all(f in flags for f in EVEX_VNNI_FLAGS)
+
+
 def missing_cpu_flags(isa: str = "avx512") -> list[str]:
     flags = cpu_flags()
-    return [f for f in ISA_FLAGS[isa] if f not in flags]
+    return [] if isa == "avxvnni" and _evex_vnni() else [f for f in ISA_FLAGS[isa] if f not in flags]
+
+
+def isa_cflags(isa: str) -> list[str]:
+    """The compiler flags of a build on this CPU."""
+    return EVEX_VNNI_CFLAGS if isa == "avxvnni" and _evex_vnni() else ISA_CFLAGS[isa]
 
 
 def available_isas() -> list[str]:
@@ -94,7 +114,8 @@ def w8a8_refusal() -> str | None:
 
 
 def kernel_isa() -> str:
-    """The build to run: `$VERISPEC_KERNEL_ISA` (avx512 | avx2) when set, else the best this CPU can run."""
+    """The build to run: `$VERISPEC_KERNEL_ISA` (avx512 | avxvnni | avx2) when set, else the best this CPU can run
+    (and this machine's compiler can build: one without -mavxvnni, GCC < 11, falls back to the AVX2 build)."""
     want = os.environ.get(ISA_ENV, "").strip().lower()
     if want and want != "auto":
         if want not in ISA_FLAGS:
@@ -103,7 +124,7 @@ def kernel_isa() -> str:
         if missing:
             raise KernelError(f"{ISA_ENV}={want} but this CPU lacks {', '.join(missing)}")
         return want
-    isas = available_isas()
+    isas = [isa for isa in available_isas() if isa not in _unbuildable]
     if not isas:
         raise KernelError("w4a8 needs an x86 CPU with AVX-512 VNNI, or AVX2 with FMA and F16C; this one lacks "
                           f"{', '.join(missing_cpu_flags('avx2'))}: use --dtype int8 or bfloat16")
@@ -117,7 +138,7 @@ def w4a8(isa: str | None = None) -> ModuleType:
         want = os.environ.get(ISA_ENV)
         module = _chosen.get(want)
         if module is None:
-            module = _chosen[want] = _build(kernel_isa())
+            module = _chosen[want] = _build_best()
         return module
     if isa not in ISA_FLAGS:
         raise KernelError(f"unknown kernel build {isa!r}; choose one of {', '.join(ISAS)}")
@@ -128,6 +149,22 @@ def w4a8(isa: str | None = None) -> ModuleType:
 
 
 _chosen: dict[str | None, ModuleType] = {}  # w4a8()'s module for each value of $VERISPEC_KERNEL_ISA seen
+_unbuildable: set[str] = set()  # builds this machine's compiler failed, where a lesser one runs
+
+
+def _build_best() -> ModuleType:
+    """kernel_isa()'s build; where it is not forced and fails to compile, the next best (then kernel_isa() says so)."""
+    while True:
+        isa = kernel_isa()
+        try:
+            return _build(isa)
+        except KernelError as e:
+            forced = os.environ.get(ISA_ENV, "").strip().lower() not in ("", "auto")
+            if forced or isa == "avx2" or isa not in available_isas():
+                raise
+            print(f"verispec: the {isa} kernel build failed ({str(e).splitlines()[0][:200]}); using the next best",
+                  file=sys.stderr)
+            _unbuildable.add(isa)
 
 ATTENTION_ENV = "VERISPEC_ATTENTION"  # "sdpa": torch's attention, one query at a time (to compare, or to debug)
 
@@ -165,7 +202,7 @@ def _build(isa: str) -> ModuleType:
 
     from verispec.models.packaged import cache_dir
 
-    cflags = ISA_CFLAGS[isa]
+    cflags = isa_cflags(isa)
     sources = [Path(__file__).with_name(name) for name in SOURCES]
     code = b"".join(Path(__file__).with_name(name).read_bytes() for name in SOURCES + HEADERS)
     key = hashlib.sha256(code + " ".join([torch.__version__, sys.version, *cflags]).encode()).hexdigest()[:16]

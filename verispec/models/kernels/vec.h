@@ -8,7 +8,13 @@
 #include <cstring>
 #include <limits>
 
-#if defined(__AVX512F__)
+// 512-bit vectors in the AVX-512 build only: the AVX-VNNI build, where it is compiled for a CPU with AVX-512 VNNI
+// (-mavx512vl, -DVERISPEC_YMM: to test and time it there), keeps to the 256-bit code of the CPUs it is for
+#if defined(__AVX512F__) && !defined(VERISPEC_YMM)
+#define VERISPEC_ZMM 1
+#endif
+
+#if defined(VERISPEC_ZMM)
 typedef float f16v __attribute__((vector_size(64)));
 typedef int32_t i16v __attribute__((vector_size(64)));
 #else
@@ -32,7 +38,7 @@ constexpr int kLanes = 16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline f16v splat(float x) { return f16v{} + x; }
-#if defined(__AVX512F__)
+#if defined(VERISPEC_ZMM)
 inline f16v load(const float* p) {
   f16v v;
   std::memcpy(&v, p, sizeof v);
@@ -81,7 +87,7 @@ inline F exp_lanes(F x) {
   return x < -87.0f ? F{} : p * scale;
 }
 
-#if defined(__AVX512F__)
+#if defined(VERISPEC_ZMM)
 // The lanes' sum in a fixed order: halves, quarters, eighths, pairs.
 inline float hsum(f16v a) {
   a += __builtin_shuffle(a, i16v{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});

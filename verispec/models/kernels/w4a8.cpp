@@ -18,14 +18,20 @@
 // where an fp16 step and offset per group read 1.0: 4-bit weights read 4.625 bits (GGUF's Q4_K 4.5), 6-bit ones
 // 6.625 (Q6_K 6.5625). S * a is exact in float32 (8 x 8 bits), so both builds decode the same step.
 //
-// One source, two builds (kernels/__init__.py picks one from the CPU's flags):
+// One source, three builds (kernels/__init__.py picks one from the CPU's flags):
 // - AVX-512 VNNI (-mavx512vnni): a 512-bit vector is a block; vpdpbusd does 4 u8 x s8 products per lane.
 // - AVX2 + FMA + F16C (no AVX-512 anywhere in that build): a block is two 256-bit halves of 8 columns;
 //   vpmaddubsw sums u8 x s8 pairs into int16, which saturates. A 4-bit code's pair is at most 2 * 15 * 128 =
 //   3840, and a group adds 8 of them per int16, 30720 < 32767. A 6-bit code's is at most 2 * 63 * 128 = 16128:
 //   two are added in int16, then widened to int32 (vpmaddwd). 8-bit codes are split into their low nibble and
 //   the rest, dot = 16 * dot(high) + dot(low), each exact as 4-bit codes are.
-// Both compute each group's exact integer dot product, and then the same float32 epilogue in the same order
+// - AVX-VNNI (-mavxvnni: Intel's cores since Alder Lake, AMD's since Zen 5): the AVX2 build's 256-bit halves,
+//   with the 256-bit vpdpbusd in place of vpmaddubsw + vpaddw (+ vpmaddwd): one instruction a 32 products
+//   where the AVX2 build needs two, and no int16 to saturate. The AVX2 build's few-row matmuls are bound by that
+//   operation count (benchmarks/results/2026-11-27-epyc-avx2build-many-row-loop). On a CPU with AVX-512 VNNI
+//   but not AVX-VNNI (AMD Zen 4), the same source compiles with -mavx512vl -DVERISPEC_YMM into the EVEX form of
+//   the same instruction, so the build is tested and timed there.
+// All compute each group's exact integer dot product, and then the same float32 epilogue in the same order
 // (two FMAs a group, one at the end), lane by lane: their outputs are bit-identical.
 //
 // Every row is computed by the same instruction sequence whatever the other rows are, so a token's output
@@ -56,7 +62,7 @@ constexpr int kPrefetchL1 = 4096;
 
 inline int32_t x4(const int8_t* x) { return *reinterpret_cast<const int32_u*>(x); }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(VERISPEC_YMM)
 constexpr const char* kIsa = "avx512";
 constexpr int kRows = 8;  // rows per pass over a weight block: 8 x (int + float) accumulators fit the 32 registers
 
@@ -137,11 +143,25 @@ void block(const uint8_t* w, const uint8_t* c, const uint16_t* u, const int8_t* 
 }
 
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-constexpr const char* kIsa = "avx2";
-#ifndef KROWS_AVX2
-#define KROWS_AVX2 6
+#if defined(__AVXVNNI__) || (defined(VERISPEC_YMM) && defined(__AVX512VNNI__) && defined(__AVX512VL__))
+constexpr const char* kIsa = "avxvnni";
+constexpr bool kVnni = true;
+inline __m256i dpbusd(__m256i acc, __m256i u8s, __m256i s8s) {  // acc + each lane's 4 u8 x s8 products, in int32
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u8s, s8s);
+#else
+  return _mm256_dpbusd_epi32(acc, u8s, s8s);  // the EVEX form (AVX512VL + AVX512VNNI)
 #endif
-constexpr int kRows = KROWS_AVX2;  // rows per pass: 6 x 2 int16 sums + 4 = the 16 registers (8-bit codes)
+}
+#else
+constexpr const char* kIsa = "avx2";
+constexpr bool kVnni = false;
+inline __m256i dpbusd(__m256i, __m256i, __m256i);  // not in this build (kVnni false: never called)
+#endif
+// rows per pass: AVX2, 6 x 2 int16 sums + 4 = the 16 registers (8-bit codes); AVX-VNNI, one int32 sum a row, 8
+// (8 rows 0.81-0.87x the time of 6 + 2 on an AMD Zen 4, fewer rows the same; two sums a row, to halve the chains
+// of dependent vpdpbusd, were 1.06-1.44x slower)
+constexpr int kRows = kVnni ? 8 : 6;
 
 inline __m256 bf16x8(const uint16_t* p) {  // 8 bf16 values as float32: their bits, 16 places up
   return _mm256_castsi256_ps(
@@ -214,7 +234,12 @@ void block(const uint8_t* w, const uint8_t* c, const uint16_t* u, const int8_t* 
           hi = _mm256_or_si256(hi, _mm256_and_si256(th, m));
         }
         for (int r = 0; r < R; ++r) {
-          if constexpr (BITS == 6) {  // two pair sums in int16 (<= 32256), then into int32
+          if constexpr (kVnni && BITS == 8) {  // whole bytes: 4 products a lane in int32, no nibbles
+            d32[r] = dpbusd(d32[r], v, _mm256_set1_epi32(x4(xg + r * K + t * 4)));
+          } else if constexpr (kVnni) {  // 4 or 6 bits: low nibbles (or fields) weigh inputs j, high ones 4 + j
+            const int8_t* x = xg + r * K + t * 8;
+            d32[r] = dpbusd(dpbusd(d32[r], lo, _mm256_set1_epi32(x4(x))), hi, _mm256_set1_epi32(x4(x + 4)));
+          } else if constexpr (BITS == 6) {  // two pair sums in int16 (<= 32256), then into int32
             const int8_t* x = xg + r * K + t * 8;
             const __m256i pair = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4(x))),
                                                   _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4(x + 4))));
@@ -247,8 +272,8 @@ void block(const uint8_t* w, const uint8_t* c, const uint16_t* u, const int8_t* 
           bf16x8(ug + 16));
       for (int r = 0; r < R; ++r) {
         __m256i dot = d32[r];
-        if constexpr (BITS != 6) dot = _mm256_madd_epi16(lo16[r], _mm256_set1_epi16(1));  // a lane's two int16 sums
-        if constexpr (BITS == 8) dot = _mm256_add_epi32(dot, _mm256_madd_epi16(hi16[r], _mm256_set1_epi16(16)));
+        if constexpr (!kVnni && BITS != 6) dot = _mm256_madd_epi16(lo16[r], _mm256_set1_epi16(1));  // two int16 sums
+        if constexpr (!kVnni && BITS == 8) dot = _mm256_add_epi32(dot, _mm256_madd_epi16(hi16[r], _mm256_set1_epi16(16)));
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sv, acc[r][h]);
         acc[r][h] = _mm256_fmadd_ps(ov, _mm256_set1_ps(xsum[r * G + g]), acc[r][h]);
       }
@@ -262,7 +287,7 @@ void block(const uint8_t* w, const uint8_t* c, const uint16_t* u, const int8_t* 
 }
 
 #else
-#error "build with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mf16c, or with -mavx2 -mfma -mf16c"
+#error "build with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mf16c, or with -mavx2 -mfma -mf16c [-mavxvnni]"
 #endif
 
 using BlockFn = void (*)(const uint8_t*, const uint8_t*, const uint16_t*, const int8_t*, const float*,
@@ -344,7 +369,7 @@ torch::Tensor layers(const std::vector<torch::Tensor>& ops, const std::vector<do
                      torch::Tensor mask, int64_t start);
 
 // A model's decoder layers with their operands converted from Python once, not at every forward (360 tensors for
-// the 0.5B draft). Module-local: both builds (avx512, avx2) load into one process and each binds its own.
+// the 0.5B draft). Module-local: the builds (avx512, avxvnni, avx2) load into one process and each binds its own.
 struct LayerStack {
   std::vector<torch::Tensor> ops;
   std::vector<double> eps;
@@ -369,5 +394,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layer_pre", &layer_pre, "a decoder layer's norm, q/k/v projection and rope (w4a8 weights)");
   m.def("layer_post", &layer_post, "a decoder layer's output projection, MLP and residuals (w4a8 weights)");
   m.def("layer", &layer, "a whole decoder layer: layer_pre, the cache write, attention, layer_post (w4a8 weights)");
-  m.def("isa", [] { return std::string(kIsa); }, "the instruction set this build uses: avx512 or avx2");
+  m.def("isa", [] { return std::string(kIsa); }, "the instruction set this build uses: avx512, avxvnni or avx2");
 }
