@@ -17,7 +17,7 @@ from verispec.models.eagle import EagleConfig, EagleDrafter, load_drafter
 from verispec.proposers.eagle import DynamicTree, EagleProposer
 from verispec.proposers.mix import DraftNgramProposer
 from verispec.sampling import SamplingParams, logits_to_probs
-from verispec.train_drafter import losses, step_agreements
+from verispec.train_drafter import MIN_LR, TrainSettings, learning_rate, losses, step_agreements
 
 
 def target_features(target, tokens: list[int]) -> torch.Tensor:
@@ -351,7 +351,9 @@ def test_train_drafter_command_trains_resumes_and_drafts(pair, capsys, tmp_path)
     code, stdout, err = run_inline(capsys, *common, "--budget", "1s")
     assert code == 0, err
     assert "trained" in stdout and (out / "model.safetensors").is_file() and len(list((out / "features").iterdir())) == 4
-    code, stdout, err = run_inline(capsys, *common, "--budget", "2s", "--depth", "2")
+    state = torch.load(out / "train-state.pt", weights_only=False)  # the cosine schedule's last step: near its floor
+    assert state["optimizer"]["param_groups"][0]["lr"] < 0.3e-3, state["optimizer"]["param_groups"][0]["lr"]
+    code, stdout, err = run_inline(capsys, *common, "--budget", "2s", "--depth", "2", "--lr-schedule", "constant")
     assert code == 0 and "resuming at step" in err, err
     assert "draft steps 2-3 after it" in err and "its next draft steps'" in stdout  # validation by step
     code, _, err = run_inline(capsys, *common, "--depth", "0")
@@ -378,6 +380,20 @@ def test_train_drafter_command_trains_resumes_and_drafts(pair, capsys, tmp_path)
     assert code == 2 and "'eagle+ngram' needs --drafter" in err
     code, _, err = run_inline(capsys, *common, "--budget", "soon")
     assert code == 2 and "not a duration" in err
+
+
+def test_learning_rate_warms_up_then_decays_over_the_budget():
+    """Linear warm-up over the first steps; then cosine from the peak at the start of a run's budget to MIN_LR of
+    it at the end (halfway: the mean of the two), or the peak throughout with the constant schedule."""
+    cos, const = TrainSettings(lr=1e-3, warmup=10), TrainSettings(lr=1e-3, warmup=10, schedule="constant")
+    assert learning_rate(cos, 0, 0.0) == pytest.approx(1e-4) and learning_rate(const, 4, 0.5) == pytest.approx(5e-4)
+    assert learning_rate(cos, 100, 0.0) == pytest.approx(1e-3) and learning_rate(const, 100, 1.0) == 1e-3
+    assert learning_rate(cos, 100, 0.5) == pytest.approx(1e-3 * (1 + MIN_LR) / 2)
+    assert learning_rate(cos, 100, 1.0) == pytest.approx(1e-3 * MIN_LR) == learning_rate(cos, 100, 1.7)
+    lrs = [learning_rate(cos, 100, p / 10) for p in range(11)]
+    assert all(a > b for a, b in zip(lrs, lrs[1:]))
+    with pytest.raises(ValueError, match="cosine or constant"):
+        learning_rate(TrainSettings(schedule="linear"), 100, 0.5)
 
 
 def test_train_drafter_on_the_targets_answers(pair, capsys, tmp_path):  # noqa: F811

@@ -45,6 +45,8 @@ class TrainSettings:
     batch: int = 4  # sequences a step trains on
     lr: float = 1e-3
     warmup: int = 30  # steps of linear warm-up
+    # "cosine": lr decays to lr * MIN_LR over what is left of the budget when a run starts (or resumes); "constant"
+    schedule: str = "cosine"
     budget_s: float = 30 * 60.0  # training seconds (features not counted)
     checkpoint_s: float = 300.0
     cls_weight: float = 0.1  # EAGLE's weight of the distribution loss beside the feature loss
@@ -446,6 +448,21 @@ def loss_fn(drafter: Drafter, settings: TrainSettings) -> LossFn:
     return eagle
 
 
+MIN_LR = 0.05  # the cosine schedule's last learning rate, as a fraction of the peak
+
+
+def learning_rate(settings: TrainSettings, step: int, progress: float) -> float:
+    """The learning rate of a step: linear warm-up over the first steps, then by the schedule at `progress`, the
+    fraction of this run's budget used (the budget is time, so the schedule is too)."""
+    warm = min(1.0, (step + 1) / settings.warmup)
+    if settings.schedule == "constant":
+        return settings.lr * warm
+    if settings.schedule != "cosine":
+        raise ValueError(f"unknown learning-rate schedule {settings.schedule!r}: cosine or constant")
+    p = min(1.0, max(0.0, progress))
+    return settings.lr * warm * (MIN_LR + (1.0 - MIN_LR) * 0.5 * (1.0 + math.cos(math.pi * p)))
+
+
 def train(drafter: Drafter, shards: list[Path], out: Path, settings: TrainSettings,
           log: Log, progress: bool = True) -> dict[str, float]:
     """Fit the drafter's own weights on shards[:-1], validate on shards[-1]; save to `out` as it goes."""
@@ -501,12 +518,13 @@ def train(drafter: Drafter, shards: list[Path], out: Path, settings: TrainSettin
     log(f"validation before training (step {step}): first-token agreement {shown(first)}")
     bar = tqdm(total=int(settings.budget_s), unit="s", desc="training", disable=not progress, initial=int(used))
     last_save, start = time.perf_counter(), time.perf_counter() - used
+    first_used = used  # the schedule decays over what is left of the budget from here
     recent: list[float] = []
     drafter.train()
     while used < settings.budget_s:
         t0 = time.perf_counter()
         pick = torch.randint(0, tokens.shape[0], (settings.batch,), generator=gen)
-        lr = settings.lr * min(1.0, (step + 1) / settings.warmup)
+        lr = learning_rate(settings, step, (used - first_used) / max(1e-9, settings.budget_s - first_used))
         for group in opt.param_groups:
             group["lr"] = lr
         with autocast():

@@ -45,6 +45,10 @@ def add_parser(sub, default_target: str) -> None:
     p.add_argument("--head-vocab", type=int, default=32000,
                    help="the drafter proposes ids below this (its head is that many rows of the target's; default: %(default)s)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: %(default)s)")
+    p.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
+                   help="cosine: the learning rate decays from --lr to a twentieth of it over what is left of "
+                        "--budget (a resumed run decays over its own remainder); constant: --lr throughout "
+                        "(default: %(default)s)")
     p.add_argument("--batch", type=int, default=4, help="sequences a step (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=256, help="tokens a sequence (default: %(default)s)")
     p.add_argument("--depth", type=int, default=1,
@@ -102,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     # bf16 matmuls where they are native: a GPU, or a CPU with AVX-512 BF16
     settings = TrainSettings(seq_len=args.seq_len, tokens=args.tokens, batch=args.batch, lr=args.lr,
                              budget_s=args.budget, bf16=args.device != "cpu" or "avx512_bf16" in cpu_flags(),
-                             depth=args.depth)
+                             depth=args.depth, schedule=args.lr_schedule)
     resolve_dtype(args)
     default_threads()
     progress = sys.stderr.isatty()
