@@ -265,6 +265,30 @@ def test_build_is_picked_from_the_cpu_and_can_be_forced(monkeypatch):
     assert kernels.available_isas() == ["avx2"] and kernels.kernel_isa() == "avx2"
 
 
+@pytest.mark.slow
+def test_the_avx_vnni_build_compiles_to_vex_vpdpbusd(tmp_path):
+    """The build an AVX-VNNI CPU (Intel since Alder Lake) runs, compiled here whatever this CPU is (not run: the
+    tests above run its EVEX stand-in where the CPU has AVX-512 VNNI): 256-bit VEX vpdpbusd, no AVX-512 code."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from torch.utils import cpp_extension
+
+    here = Path(kernels.__file__).parent
+    try:
+        module = cpp_extension.load(name="verispec_w4a8_vex_check", sources=[str(here / n) for n in kernels.SOURCES],
+                                    extra_cflags=kernels.ISA_CFLAGS["avxvnni"], extra_ldflags=kernels.LDFLAGS,
+                                    build_directory=str(tmp_path))
+    except (RuntimeError, OSError) as e:
+        pytest.skip(f"this compiler cannot build for AVX-VNNI (GCC < 11?): {str(e)[:200]}")
+    assert module.isa() == "avxvnni"
+    if shutil.which("objdump") is None:
+        pytest.skip("no objdump to read the build's instructions")
+    code = subprocess.run(["objdump", "-d", str(next(tmp_path.glob("*.so")))], capture_output=True, text=True).stdout
+    assert "{vex} vpdpbusd" in code and "%zmm" not in code and "vpmaddubsw" not in code
+
+
 def test_a_build_the_compiler_cannot_make_falls_back_to_the_next(monkeypatch, capsys):
     """A compiler without -mavxvnni (GCC < 11) on an AVX-VNNI CPU: the AVX2 build runs, kernel_isa() says so and
     one line says why; forced with $VERISPEC_KERNEL_ISA, the failure is the error."""
