@@ -7,7 +7,7 @@ source is compiled with torch's extension builder (g++, ninja) into the verispec
 the instruction set, torch and Python versions, so it builds once per machine.
 
 It has three builds, the best the CPU's flags allow picked: AVX-512 VNNI; AVX-VNNI (AVX2 with the 256-bit dot
-product instruction: Intel's cores since Alder Lake, AMD's since Zen 5); AVX2 + FMA + F16C (most other x86 CPUs
+product instruction: Intel's client cores since Alder Lake); AVX2 + FMA + F16C (most other x86 CPUs
 without AVX-512: AMD Zen 2/3, Intel's consumer chips before Alder Lake). Their outputs are bit-identical.
 `VERISPEC_KERNEL_ISA=avx2` (or `avxvnni`) forces a lesser build where a better one would run, so each can be tested
 and timed on an AVX-512 machine; the AVX-VNNI build runs there as the EVEX form of the same instruction.

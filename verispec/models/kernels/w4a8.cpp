@@ -25,7 +25,7 @@
 //   3840, and a group adds 8 of them per int16, 30720 < 32767. A 6-bit code's is at most 2 * 63 * 128 = 16128:
 //   two are added in int16, then widened to int32 (vpmaddwd). 8-bit codes are split into their low nibble and
 //   the rest, dot = 16 * dot(high) + dot(low), each exact as 4-bit codes are.
-// - AVX-VNNI (-mavxvnni: Intel's cores since Alder Lake, AMD's since Zen 5): the AVX2 build's 256-bit halves,
+// - AVX-VNNI (-mavxvnni: Intel's client cores since Alder Lake): the AVX2 build's 256-bit halves,
 //   with the 256-bit vpdpbusd in place of vpmaddubsw + vpaddw (+ vpmaddwd): one instruction a 32 products
 //   where the AVX2 build needs two, and no int16 to saturate. The AVX2 build's few-row matmuls are bound by that
 //   operation count (benchmarks/results/2026-11-27-epyc-avx2build-many-row-loop). On a CPU with AVX-512 VNNI
