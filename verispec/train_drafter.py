@@ -57,6 +57,10 @@ class TrainSettings:
     bf16: bool = False  # matmuls in bfloat16 under autocast (weights and optimizer stay float32): 1.9x faster a
     # step where the CPU has AVX-512 BF16 (emulated, and slower, elsewhere); a GPU's native too
 
+    def __post_init__(self) -> None:
+        if self.schedule not in ("cosine", "constant"):
+            raise ValueError(f"unknown learning-rate schedule {self.schedule!r}: cosine or constant")
+
 
 def stdlib_texts() -> Iterator[str]:
     """The Python standard library's .py sources in a fixed order (tests and vendored trees left out)."""
@@ -457,8 +461,6 @@ def learning_rate(settings: TrainSettings, step: int, progress: float) -> float:
     warm = min(1.0, (step + 1) / settings.warmup)
     if settings.schedule == "constant":
         return settings.lr * warm
-    if settings.schedule != "cosine":
-        raise ValueError(f"unknown learning-rate schedule {settings.schedule!r}: cosine or constant")
     p = min(1.0, max(0.0, progress))
     return settings.lr * warm * (MIN_LR + (1.0 - MIN_LR) * 0.5 * (1.0 + math.cos(math.pi * p)))
 
@@ -485,8 +487,7 @@ def train(drafter: Drafter, shards: list[Path], out: Path, settings: TrainSettin
     val = load_file(str(shards[-1]))
     tokens = torch.cat([d["tokens"] for d in data])
     features = torch.cat([d["features"] for d in data])
-    width = drafter.medusa.hidden_size if isinstance(drafter, MedusaHeads) else \
-        (len(drafter.eagle.feature_layers) + 1) * drafter.eagle.hidden_size
+    width = drafter.medusa.hidden_size if isinstance(drafter, MedusaHeads) else drafter.eagle.feature_width
     if features.shape[-1] != width or val["features"].shape[-1] != width:
         raise ValueError(f"the cached features in {shards[0].parent} are {features.shape[-1]} wide; this drafter reads "
                          f"{width} (its feature layers differ from theirs): give another --features directory")

@@ -51,6 +51,11 @@ class EagleConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "feature_layers", tuple(int(k) for k in self.feature_layers))
 
+    @property
+    def feature_width(self) -> int:
+        """The width of the target's features this drafter reads: its feature layers' outputs, then the last's."""
+        return (len(self.feature_layers) + 1) * self.hidden_size
+
     def check_layers(self, num_hidden_layers: int) -> None:
         """Raise unless feature_layers are increasing block counts strictly inside the target's."""
         k = self.feature_layers
@@ -84,7 +89,7 @@ class EagleDrafter(LlamaModel):
         h = cfg.hidden_size
         self.eagle = cfg
         self.fc = nn.Linear(2 * h, h, bias=True)
-        self.fuse = nn.Linear((len(cfg.feature_layers) + 1) * h, h, bias=False) if cfg.feature_layers else None
+        self.fuse = nn.Linear(cfg.feature_width, h, bias=False) if cfg.feature_layers else None
         self.lm_head = nn.Linear(h, cfg.head_vocab, bias=False)
 
     @classmethod

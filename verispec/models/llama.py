@@ -627,20 +627,20 @@ class LlamaModel(nn.Module):
                 if i in cuts:
                     taps.append(x)
                 x = self.layers[i](x, i, cache, *plan[i])
-            return x, torch.cat([*taps, x], -1) if taps else x
-        cos, sin, attend = plan[0]
-        batch, t, width = x.shape
-        index, slots, read = attend.cache_plan(cache, batch, t)
-        cos, sin = (c.reshape(-1, t, self.cfg.head_dim).contiguous() for c in (cos, sin))
-        k, v = cache.buffers()
-        rows = x.reshape(batch * t, width).contiguous()
-        start = 0
-        for end in [*cuts, n]:  # one call, or one a segment between the taps
-            rows = stack.run(end, rows, cos, sin, k, v, index, slots, read, attend.mask, start)
-            if end < n:
-                taps.append(rows.view(batch, t, width))
-            start = end
-        x = rows.view(batch, t, width)
+        else:
+            cos, sin, attend = plan[0]
+            batch, t, width = x.shape
+            index, slots, read = attend.cache_plan(cache, batch, t)
+            cos, sin = (c.reshape(-1, t, self.cfg.head_dim).contiguous() for c in (cos, sin))
+            k, v = cache.buffers()
+            rows = x.reshape(batch * t, width).contiguous()
+            start = 0
+            for end in [*cuts, n]:  # one call, or one a segment between the taps
+                rows = stack.run(end, rows, cos, sin, k, v, index, slots, read, attend.mask, start)
+                if end < n:
+                    taps.append(rows.view(batch, t, width))
+                start = end
+            x = rows.view(batch, t, width)
         return x, torch.cat([*taps, x], -1) if taps else x
 
     def _layer_stack(self, x: Tensor, plan: list[tuple[Tensor, Tensor, Attend]], n: int) -> Any | None:

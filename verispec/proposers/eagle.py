@@ -1,10 +1,11 @@
 """Drafting with an EAGLE feature-level drafter (verispec.models.eagle): the target's own features, one layer.
 
 The drafter's cache holds one entry per pair (h_t, token t+1) whose feature h_t is the *target's* (never a
-prediction; with EAGLE-3's feature layers, their fusion, computed once as the pair becomes known): the prompt's pairs, then after each round the pairs the verification forward made known,
-zip(Outcome.hidden, Outcome.emitted) (the target's features at pending + the accepted drafts, each followed by
-the next emitted token). A round feeds those pending pairs in one forward (committed: they are true), then drafts
-on with its own predicted features (provisional: rolled back, since the next round brings the target's).
+prediction; with EAGLE-3's feature layers, their fusion, computed once as the pair becomes known): the prompt's
+pairs, then after each round the pairs the verification forward made known, zip(Outcome.hidden, Outcome.emitted)
+(the target's features at pending + the accepted drafts, each followed by the next emitted token). A round feeds
+those pending pairs in one forward (committed: they are true), then drafts on with its own predicted features
+(provisional: rolled back, since the next round brings the target's).
 
     prompt x0 x1 x2 (pending x2), target features h0 h1      pairs (h0, x1), (h1, x2) -> q for x3 -> d1
     drafting: (f3, d1) -> d2 ...                              f3 = the drafter's output at the last pair
