@@ -26,8 +26,8 @@ from verispec.models.kernels import cpu_flags
 @dataclass(frozen=True)
 class Config:
     system: str  # "verispec" | "hf" | "llama.cpp" | "openvino"
-    # ours: a verispec strategy; hf: "ar" | "assisted" | "prompt_lookup"; llama.cpp: "ar" | "prompt_lookup";
-    # openvino: "ar" | "speculative" | "prompt_lookup"
+    # ours: a verispec strategy; hf: "ar" | "assisted" | "prompt_lookup"; llama.cpp: "ar" | "prompt_lookup" |
+    # "draft"; openvino: "ar" | "speculative" | "prompt_lookup"
     strategy: str
     gamma: int  # tokens proposed per round; 0 for plain decoding
     temperature: float
@@ -276,25 +276,64 @@ LLAMA_CPP_HINT = (
 )
 
 
-class LlamaCppBackend:
-    """llama-cpp-python on the same GGUF file: plain decoding, and its prompt-lookup drafting."""
+class LlamaCppDraft:
+    """llama.cpp's draft-model speculation as its Python binding allows it: a second llama.cpp model (the draft
+    GGUF) proposes `gamma` greedy tokens a round, keeping its KV cache across rounds (it re-reads only what the
+    target's round changed); the binding's generate() verifies them in one batch and keeps the prefix its own
+    sampler agrees with (lossless, like llama.cpp's speculative example). `llm` is a llama_cpp.Llama."""
 
-    def __init__(self, gguf_path, eos_ids: Sequence[int], threads: int, n_ctx: int = 4096) -> None:
+    def __init__(self, llm: Any, gamma: int) -> None:
+        if gamma < 1:
+            raise ValueError(f"gamma must be >= 1, got {gamma}")
+        self.llm, self.gamma = llm, gamma
+
+    def __call__(self, input_ids: Any, /, **kwargs: Any) -> Any:
+        import numpy as np
+
+        llm, ids = self.llm, [int(t) for t in input_ids]
+        cached = [int(t) for t in llm.input_ids[: min(llm.n_tokens, len(ids) - 1)]]  # re-read >= 1 token: its logits
+        keep = next((i for i, (a, b) in enumerate(zip(cached, ids)) if a != b), len(cached))
+        llm.n_tokens = keep  # eval() drops the cache past n_tokens before it reads
+        llm.eval(ids[keep:])
+        drafted: list[int] = []
+        for i in range(self.gamma):
+            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))  # the last token's
+            drafted.append(int(np.argmax(logits)))
+            if i + 1 < self.gamma:
+                llm.eval(drafted[-1:])
+        return np.array(drafted, dtype=np.intc)
+
+
+class LlamaCppBackend:
+    """llama-cpp-python on the same GGUF file: plain decoding, its prompt-lookup drafting, and (given the draft's
+    GGUF) draft-model speculation (LlamaCppDraft)."""
+
+    def __init__(self, gguf_path, eos_ids: Sequence[int], threads: int, n_ctx: int = 4096,
+                 draft_path=None) -> None:
         self.path, self.eos_ids, self.threads, self.n_ctx = str(gguf_path), set(eos_ids), threads, n_ctx
-        self._llms: dict[int, Any] = {}
+        self.draft_path = None if draft_path is None else str(draft_path)
+        self._llms: dict[tuple[str, int], Any] = {}
 
     @staticmethod
     def available() -> bool:
         return _importable("llama_cpp")
 
-    def _llm(self, gamma: int) -> Any:
+    def _llm(self, strategy: str, gamma: int) -> Any:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        if gamma not in self._llms:
+        if (strategy, gamma) not in self._llms:
             import llama_cpp.llama_cpp as lib
 
-            draft = LlamaPromptLookupDecoding(num_pred_tokens=gamma) if gamma else None
+            draft: Any = None
+            if strategy == "prompt_lookup":
+                draft = LlamaPromptLookupDecoding(num_pred_tokens=gamma)
+            elif strategy == "draft":
+                if self.draft_path is None:
+                    raise ValueError("llama.cpp draft-model speculation needs the draft model's GGUF file")
+                draft_llm = Llama(model_path=self.draft_path, n_ctx=self.n_ctx, n_threads=self.threads,
+                                  n_threads_batch=self.threads, verbose=False)
+                draft = LlamaCppDraft(draft_llm, gamma)  # the binding calls it; it checks no type
             # llama.cpp's AMX weight repacking ("extra buffer types") crashes in llama_decode on AMX CPUs (a
             # segmentation fault, seen with llama-cpp-python 0.3.36 on a Xeon VM); its AVX-512 kernels run fine.
             # Elsewhere, and in a build without AMX (GGML_NATIVE=OFF with the AVX-512 flags), the repacked layouts
@@ -314,18 +353,18 @@ class LlamaCppBackend:
                 # logits_all with a draft: llama-cpp-python (0.3.36) keeps every position's logits then, but sizes
                 # their array from this flag, so without it a prompt + output past n_batch (512) tokens overflows
                 # it (a broadcast error); the array is not written (so not resident) beyond the tokens used
-                self._llms[gamma] = Llama(
+                self._llms[strategy, gamma] = Llama(
                     model_path=self.path, n_ctx=self.n_ctx, n_threads=self.threads, n_threads_batch=self.threads,
                     draft_model=draft, logits_all=draft is not None, verbose=False,
                 )
             finally:
                 lib.llama_model_default_params = defaults
-        return self._llms[gamma]
+        return self._llms[strategy, gamma]
 
     def run(self, config: Config, prompt: list[int], max_new_tokens: int, seed: int) -> Run:
-        if config.strategy not in ("ar", "prompt_lookup"):
+        if config.strategy not in ("ar", "prompt_lookup", "draft"):
             raise ValueError(f"unknown llama.cpp strategy {config.strategy!r}")
-        llm = self._llm(config.gamma if config.strategy == "prompt_lookup" else 0)
+        llm = self._llm(config.strategy, 0 if config.plain else config.gamma)
         llm.set_seed(seed)
         llm.reset()
         finish = "length"

@@ -41,7 +41,7 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     b.add_argument("--categories", default=None, help="comma list of categories to run (default: all)")
     b.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
     b.add_argument("--repeats", type=int, default=1, help="times each configuration runs on each prompt")
-    b.add_argument("--peers", default="", help="comma list of peers to run beside ours: hf (transformers plain and assisted generation), llama.cpp (plain and prompt lookup; needs llama-cpp-python), openvino (OpenVINO GenAI plain, speculative with the draft, and prompt lookup; needs the [openvino] extra and the pair exported by benchmarks/openvino_export.sh)")
+    b.add_argument("--peers", default="", help="comma list of peers to run beside ours: hf (transformers plain and assisted generation), llama.cpp (plain, prompt lookup, and draft-model speculation beside a drafting strategy; needs llama-cpp-python), openvino (OpenVINO GenAI plain, speculative with the draft, and prompt lookup; needs the [openvino] extra and the pair exported by benchmarks/openvino_export.sh)")
     b.add_argument("--openvino-dir", default=None, metavar="DIR",
                    help="where the openvino peer finds the exported pair, as NAME-int4 directories named after --target and --draft (default: the verispec cache's openvino/)")
     b.add_argument("--seed", type=int, default=0, help="base seed of the sampled runs")
@@ -59,8 +59,9 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
 def build_configs(strategies: list[str], gammas: list[int], temperatures: list[float], peers: list[str]) -> list[Config]:
     """Ours first (ar, then each drafting strategy at each gamma), then the peers', for every temperature.
     transformers runs assisted generation when a strategy of ours uses the draft model, and its prompt lookup
-    when one uses n-grams; llama.cpp runs its prompt lookup (its Python API has no draft-model mode); OpenVINO GenAI
-    runs its speculative decoding with the draft when a strategy of ours uses one, and its prompt lookup."""
+    when one uses n-grams; llama.cpp runs its prompt lookup, and its draft-model speculation when a strategy of ours
+    uses the draft; OpenVINO GenAI runs its speculative decoding with the draft when a strategy of ours uses one,
+    and its prompt lookup."""
     from verispec.strategies import get
 
     configs: list[Config] = []
@@ -76,6 +77,8 @@ def build_configs(strategies: list[str], gammas: list[int], temperatures: list[f
         if "llama.cpp" in peers:
             configs.append(Config("llama.cpp", "ar", 0, t))
             configs += [Config("llama.cpp", "prompt_lookup", g, t) for g in gammas]
+            if any(get(s).needs_draft for s in strategies):
+                configs += [Config("llama.cpp", "draft", g, t) for g in gammas]
         if "openvino" in peers:
             configs.append(Config("openvino", "ar", 0, t))
             if any(get(s).needs_draft for s in strategies):
@@ -239,7 +242,12 @@ def run(args: argparse.Namespace) -> int:
             print("llama.cpp peer skipped: the target is not a GGUF file or a packaged model", file=sys.stderr)
             peers.remove("llama.cpp")
         else:
-            backends["llama.cpp"] = LlamaCppBackend(gguf, tok.eos_ids, threads=torch.get_num_threads())
+            draft_gguf = _gguf_path(args.draft) if draft is not None else None
+            if draft is not None and draft_gguf is None:
+                print("llama.cpp draft-model speculation skipped: the draft is not a GGUF file or a packaged model",
+                      file=sys.stderr)
+            backends["llama.cpp"] = LlamaCppBackend(gguf, tok.eos_ids, threads=torch.get_num_threads(),
+                                                    draft_path=draft_gguf)
     if "openvino" in peers:
         ov_target = openvino_dir(args.target, args.openvino_dir)
         ov_draft = openvino_dir(args.draft, args.openvino_dir) if draft is not None else None
@@ -255,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
             backends["openvino"] = OpenVinoBackend(ov_target, ov_draft, tok.eos_ids, threads=torch.get_num_threads(),
                                                    ngram_max=options.ngram_max)
     configs = build_configs(strategies, gammas, temperatures, peers)
+    if "llama.cpp" in backends and backends["llama.cpp"].draft_path is None:
+        configs = [c for c in configs if (c.system, c.strategy) != ("llama.cpp", "draft")]
 
     vocab = draft_vocab_of(args)
     meta: dict[str, Any] = {

@@ -1,0 +1,90 @@
+"""The llama.cpp peer's draft-model speculation (LlamaCppDraft) against a stand-in for llama_cpp.Llama: what it
+re-reads each round and what it proposes; and, where llama-cpp-python is installed, on the real pair (greedy
+draft-model speculation gives llama.cpp's own plain output). llama-cpp-python is never installed by CI (it compiles
+llama.cpp), so that test runs only where a developer installed it for benchmarks."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+
+import numpy as np
+import pytest
+
+from verispec.bench.runner import Config, LlamaCppDraft
+from verispec.cli.bench import build_configs
+
+VOCAB = 10
+
+
+class FakeLlama:
+    """What LlamaCppDraft uses of llama_cpp.Llama: a token cache (input_ids, n_tokens: eval drops what lies past
+    n_tokens, then appends), and the last evaluated token's logits, here peaked at (token + 1) % VOCAB."""
+
+    def __init__(self) -> None:
+        self.input_ids = np.zeros(64, dtype=np.intc)
+        self.n_tokens = 0
+        self.evals: list[list[int]] = []
+        self._ctx = self
+        self._logits = (ctypes.c_float * VOCAB)()
+
+    def n_vocab(self) -> int:
+        return VOCAB
+
+    def eval(self, tokens: list[int]) -> None:
+        assert tokens, "eval of no tokens leaves no logits"
+        self.evals.append(list(tokens))
+        self.input_ids[self.n_tokens: self.n_tokens + len(tokens)] = tokens
+        self.n_tokens += len(tokens)
+        for i in range(VOCAB):
+            self._logits[i] = 1.0 if i == (tokens[-1] + 1) % VOCAB else 0.0
+
+    def get_logits(self):
+        return ctypes.cast(self._logits, ctypes.POINTER(ctypes.c_float))
+
+
+def test_the_draft_rereads_only_what_the_round_changed() -> None:
+    llm = FakeLlama()
+    draft = LlamaCppDraft(llm, gamma=3)
+    assert draft(np.array([5, 1, 2], dtype=np.intc)).tolist() == [3, 4, 5]  # greedy: each token's successor
+    assert llm.evals == [[5, 1, 2], [3], [4]]  # the prompt, then each draft but the last (never needed)
+    # the target accepted 3 and 4, then sampled 7: the draft keeps [5, 1, 2, 3, 4] and reads 7 alone
+    llm.evals.clear()
+    assert draft(np.array([5, 1, 2, 3, 4, 7], dtype=np.intc)).tolist() == [8, 9, 0]
+    assert llm.evals == [[7], [8], [9]] and llm.n_tokens == 8
+    # the target rejected the first draft: the cache holds 7, 8, 9 past the agreed prefix; they are dropped
+    llm.evals.clear()
+    assert draft(np.array([5, 1, 2, 3, 4, 7, 2], dtype=np.intc)).tolist() == [3, 4, 5]
+    assert llm.evals == [[2], [3], [4]] and llm.input_ids[:7].tolist() == [5, 1, 2, 3, 4, 7, 2]
+    # the same sequence again (all cached): its last token is read again, for its logits
+    llm.evals.clear()
+    draft(np.array([5, 1, 2, 3, 4, 7, 2, 3, 4], dtype=np.intc))
+    assert llm.evals[0] == [4]
+    with pytest.raises(ValueError, match="gamma"):
+        LlamaCppDraft(llm, gamma=0)
+
+
+def test_llamacpp_draft_configs_run_beside_drafting_strategies_only() -> None:
+    def labels(strategies: list[str]) -> list[str]:
+        return [c.label for c in build_configs(strategies, [2, 4], [0.0], ["llama.cpp"]) if c.system == "llama.cpp"]
+
+    assert labels(["auto"]) == ["llama.cpp ar", "llama.cpp prompt_lookup γ=2", "llama.cpp prompt_lookup γ=4",
+                                "llama.cpp draft γ=2", "llama.cpp draft γ=4"]
+    assert labels(["ngram"]) == ["llama.cpp ar", "llama.cpp prompt_lookup γ=2", "llama.cpp prompt_lookup γ=4"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                    reason="llama-cpp-python is not installed (a benchmark peer: it compiles llama.cpp)")
+def test_llamacpp_greedy_draft_speculation_gives_its_plain_output() -> None:
+    from verispec.bench.runner import LlamaCppBackend
+    from verispec.cli.bench import _gguf_path
+
+    target, draft = _gguf_path("qwen2.5-coder-1.5b-instruct"), _gguf_path("qwen2.5-coder-0.5b-instruct")
+    backend = LlamaCppBackend(target, [151645, 151643], threads=2, n_ctx=512, draft_path=draft)
+    text = "<|im_start|>user\nWrite a Python function that merges two sorted lists.<|im_end|>\n<|im_start|>assistant\n"
+    prompt = backend._llm("ar", 0).tokenize(text.encode(), add_bos=False, special=True)
+    plain = backend.run(Config("llama.cpp", "ar", 0, 0.0), prompt, 48, 0).token_ids
+    assert len(plain) == 48
+    for gamma in (1, 4):
+        assert backend.run(Config("llama.cpp", "draft", gamma, 0.0), prompt, 48, 0).token_ids == plain
