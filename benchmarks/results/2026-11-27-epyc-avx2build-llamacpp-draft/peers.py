@@ -1,0 +1,31 @@
+"""Every configuration of a bench run over llama.cpp's plain decoding, and our default over each llama.cpp
+speculation, geometric means of per-prompt whole-request tokens/s ratios, code prompts and all.
+
+    python peers.py runs.jsonl [OURS]    # OURS: our default's config label (default: the highest `auto γ=N`)
+"""
+import collections, json, math, sys
+
+rows = [json.loads(l) for l in open(sys.argv[1])]
+by = collections.defaultdict(dict)
+for r in rows:
+    by[(r["prompt_id"], r["category"], r["temperature"])][r["config"]] = r
+configs = sorted({r["config"] for r in rows})
+ours = sys.argv[2] if len(sys.argv) > 2 else max((c for c in configs if c.startswith("auto γ=")),
+                                                  key=lambda c: int(c.split("=")[1]))
+code = {"code_completion", "code_instruct", "code_edit"}
+tps = lambda r: r["new_tokens"] / r["seconds"]
+gm = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+for T in sorted({k[2] for k in by}):
+    print(f"\n## T = {T}\n\n| configuration | / llama.cpp plain, code | all | {ours} / it, code | all | differs from its plain (greedy) |")
+    print("|---|---|---|---|---|---|")
+    for c in configs:
+        cells, diff = [], 0
+        for base, num in (("llama.cpp ar", c), (c, ours)):
+            for sel in (lambda k: k in code, lambda k: True):
+                xs = [tps(v[num]) / tps(v[base]) for (p, k, t), v in by.items()
+                      if t == T and sel(k) and num in v and base in v]
+                cells.append(f"{gm(xs):.2f}×")
+        plain = "llama.cpp ar" if c.startswith("llama.cpp") else "ar"
+        diff = sum(v[c]["token_ids"] != v[plain]["token_ids"] for (p, k, t), v in by.items()
+                   if t == T and T == 0 and c in v and plain in v)
+        print(f"| {c} | " + " | ".join(cells) + f" | {diff if T == 0 else '–'} |")
