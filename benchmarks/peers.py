@@ -1,7 +1,10 @@
 """Every configuration of a bench run over llama.cpp's plain decoding, and our default over each llama.cpp
 speculation, geometric means of per-prompt whole-request tokens/s ratios, code prompts and all.
 
-    python peers.py runs.jsonl [OURS]    # OURS: our default's config label (default: the highest `auto γ=N`)
+    python benchmarks/peers.py benchmarks/results/<run>/runs.jsonl [OURS] > benchmarks/results/<run>/peers.md
+
+OURS: our default's configuration label (default: the run's highest `auto γ=N`). The last column counts the greedy
+prompts whose output differs from the same system's plain decoding (llama.cpp's rows against llama.cpp's).
 """
 import collections, json, math, sys
 
@@ -16,7 +19,8 @@ code = {"code_completion", "code_instruct", "code_edit"}
 tps = lambda r: r["new_tokens"] / r["seconds"]
 gm = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 for T in sorted({k[2] for k in by}):
-    print(f"\n## T = {T}\n\n| configuration | / llama.cpp plain, code | all | {ours} / it, code | all | differs from its plain (greedy) |")
+    print(f"\n## T = {T}\n\n| configuration | / llama.cpp plain, code | all | {ours} / it, code | all | "
+          "differs from its plain (greedy) |")
     print("|---|---|---|---|---|---|")
     for c in configs:
         cells, diff = [], 0
