@@ -280,7 +280,8 @@ class LlamaCppDraft:
     """llama.cpp's draft-model speculation as its Python binding allows it: a second llama.cpp model (the draft
     GGUF) proposes `gamma` greedy tokens a round, keeping its KV cache across rounds (it re-reads only what the
     target's round changed); the binding's generate() verifies them in one batch and keeps the prefix its own
-    sampler agrees with (lossless, like llama.cpp's speculative example). `llm` is a llama_cpp.Llama."""
+    sampler agrees with (the rule of llama.cpp's speculative example; its kernels round a batch differently from
+    one token, so its greedy output can differ from its plain decoding). `llm` is a llama_cpp.Llama."""
 
     def __init__(self, llm: Any, gamma: int) -> None:
         if gamma < 1:
