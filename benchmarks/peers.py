@@ -23,7 +23,7 @@ for T in sorted({k[2] for k in by}):
           "differs from its plain (greedy) |")
     print("|---|---|---|---|---|---|")
     for c in configs:
-        cells, diff = [], 0
+        cells = []
         for base, num in (("llama.cpp ar", c), (c, ours)):
             for sel in (lambda k: k in code, lambda k: True):
                 xs = [tps(v[num]) / tps(v[base]) for (p, k, t), v in by.items()

@@ -291,11 +291,12 @@ class LlamaCppDraft:
     def __call__(self, input_ids: Any, /, **kwargs: Any) -> Any:
         import numpy as np
 
-        llm, ids = self.llm, [int(t) for t in input_ids]
-        cached = [int(t) for t in llm.input_ids[: min(llm.n_tokens, len(ids) - 1)]]  # re-read >= 1 token: its logits
-        keep = next((i for i, (a, b) in enumerate(zip(cached, ids)) if a != b), len(cached))
+        llm, ids = self.llm, np.asarray(input_ids)
+        n = min(llm.n_tokens, len(ids) - 1)  # the cached tokens that may be kept: >= 1 is re-read, for its logits
+        differ = np.flatnonzero(llm.input_ids[:n] != ids[:n])
+        keep = int(differ[0]) if differ.size else n
         llm.n_tokens = keep  # eval() drops the cache past n_tokens before it reads
-        llm.eval(ids[keep:])
+        llm.eval(ids[keep:].tolist())
         drafted: list[int] = []
         for i in range(self.gamma):
             logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))  # the last token's
