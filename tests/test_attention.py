@@ -127,6 +127,35 @@ def test_layer_builds_agree_bit_for_bit(builds, tiny_target, scale):
         assert torch.equal(pre, outs[0][0]) and torch.equal(post, outs[0][1])
 
 
+def test_layer_rows_of_a_prefill_equal_rows_run_alone(builds, tiny_target):
+    """layer.cpp splits a wide call's element-wise steps (norms, rope, residuals, SiLU) over threads by rows (a
+    prompt's prefill: 40 rows here, 2 sequences of 20); each row still gets the bits it gets alone, as a decoding
+    step (1 row, on the calling thread) computes it."""
+    import copy
+
+    from verispec.models.quant import quantize
+
+    model = quantize(copy.deepcopy(tiny_target).float(), "w4a8")
+    block, t = model.layers[0], 20
+    ops = block._operands()
+    gen = torch.Generator().manual_seed(11)
+    x = 3 * torch.randn(2 * t, model.cfg.hidden_size, generator=gen)
+    attn = torch.randn(2 * t, block.n_heads * block.hd, generator=gen)
+    cos, sin = (c[5 : 5 + t].reshape(1, t, -1).contiguous() for c in (model.cos, model.sin))
+    for mod in builds:
+        pre = mod.layer_pre(x, block.attn_norm.weight, block.attn_norm.eps, *ops[0], cos, sin, block.n_heads,
+                            block.n_kv, t)
+        post = mod.layer_post(x, attn, *ops[1], block.ffn_norm.weight, block.ffn_norm.eps, *ops[2], *ops[3])
+        for m in range(2 * t):
+            one = (c[:, m % t : m % t + 1].contiguous() for c in (cos, sin))
+            alone = mod.layer_pre(x[m : m + 1], block.attn_norm.weight, block.attn_norm.eps, *ops[0], *one,
+                                  block.n_heads, block.n_kv, 1)
+            assert torch.equal(pre[m : m + 1], alone), (mod.isa(), m)
+            assert torch.equal(post[m : m + 1], mod.layer_post(x[m : m + 1], attn[m : m + 1], *ops[1],
+                                                               block.ffn_norm.weight, block.ffn_norm.eps, *ops[2],
+                                                               *ops[3])), (mod.isa(), m)
+
+
 def test_unseen_keys_and_a_query_that_sees_none(builds):
     """Keys a query does not see change nothing, whatever they hold; a query that sees no key gets zeros."""
     q, k, v = _qkv(1, 4, 2, 2, 10, 16, seed=4)
