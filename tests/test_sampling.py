@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from verispec.sampling import SamplingParams, logits_to_probs, make_generator, sample
+from verispec.sampling import SamplingParams, argmax, logits_to_probs, make_generator, sample
 
 
 def probs_of(logits, **kw) -> np.ndarray:
@@ -180,6 +180,25 @@ def test_greedy_batched_matches_torch_argmax():
     out = logits_to_probs(logits, SamplingParams(temperature=0.0))
     assert torch.equal(out.argmax(-1), logits.argmax(-1))
     assert torch.equal(out.sum(-1), torch.ones(50)) and set(out.unique().tolist()) <= {0.0, 1.0}
+
+
+@pytest.mark.parametrize("vocab", [151936, 65536, 32000, 8191, 9973, 300])  # blocked (3) and not (prime, short)
+def test_argmax_is_torchs_on_long_rows_ties_nan_and_infinities(vocab):
+    """The blocked argmax gives torch.argmax's index: ties across and within blocks (the first wins), a maximum in
+    the last block or at the first index, NaN (the first NaN wins), all -inf rows, bfloat16, any leading shape."""
+    gen = torch.Generator().manual_seed(vocab)
+    x = torch.randint(-50, 50, (12, vocab), generator=gen).float()  # many ties everywhere
+    x[1, -1] = 100.0  # the last index
+    x[2, 0] = 100.0  # the first
+    x[3, [vocab // 2, vocab - 2, 7]] = 100.0  # ties across blocks: index 7
+    x[4, [vocab - 3, vocab - 1]] = math.nan  # NaN wins, its first one, far behind the finite maxima
+    x[5, [9, vocab // 2]] = math.nan
+    x[5, 3] = math.inf
+    x[6] = -math.inf  # every logit -inf: index 0
+    x[7, :] = 0.0  # all tied
+    x[8, vocab - 1], x[8, vocab - 2] = math.inf, math.inf
+    for y in (x, x.view(3, 4, vocab), x.bfloat16(), torch.randn(2, vocab, generator=gen), x[:0]):
+        assert torch.equal(argmax(y), y.float().argmax(-1)), (vocab, y.shape, y.dtype)
 
 
 # ---- validation -----------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ top-p must be applied to both sides; this module is the single place where that 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,9 +51,31 @@ class SamplingParams:
 
 
 def argmax(logits: Tensor) -> Tensor:
-    """[..., V] -> [...] greedy token ids (first index on ties). On a CPU torch's argmax over bfloat16 takes
-    ~4x as long as a float32 copy and its argmax (0.54 vs 0.14 ms over 151,936 logits); the result is the same."""
-    return logits.float().argmax(-1)
+    """[..., V] -> [...] greedy token ids: torch.argmax's (first index on ties; a NaN, the first one, wins).
+
+    A verification takes the argmax of every position's logits, a draft step of its own. torch's CPU argmax walks
+    a row element by element (0.13 ms over 151,936 logits, 0.50 ms over 7 rows on 2 cores), while its max reduction
+    is vectorized (0.03 ms for the 7 rows). So a long row is cut into blocks: the first block holding the row's
+    maximum (an argmax over the blocks' maxima), then the first index of it within that block: the same index.
+    Over bfloat16 a float32 copy first (torch's bfloat16 argmax took ~4x as long); the result is the same."""
+    x = logits.float()
+    vocab = x.shape[-1]
+    block = _argmax_block(vocab)
+    if block == 0 or x.numel() == 0:
+        return x.argmax(-1)
+    blocks = x.reshape(-1, vocab // block, block)
+    first = blocks.amax(-1).argmax(-1)  # the first block whose maximum is the row's (NaN: the first NaN's block)
+    within = blocks[torch.arange(blocks.shape[0], device=x.device), first].argmax(-1)
+    return (first * block + within).reshape(x.shape[:-1])
+
+
+@functools.cache
+def _argmax_block(vocab: int) -> int:
+    """A divisor of vocab in [256, 4096] near the square root (151,936 = 128 x 1187), or 0 where there is none or
+    the row is short (then torch's argmax is as fast)."""
+    if vocab < 8192:
+        return 0
+    return next((b for b in range(max(256, math.isqrt(vocab)), 4097) if vocab % b == 0), 0)
 
 
 def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
@@ -64,7 +87,7 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     logits = logits.float()
     if params.greedy:
         return torch.zeros_like(logits).scatter_(-1, argmax(logits)[..., None], 1.0)
-    x = logits - logits.max(dim=-1, keepdim=True).values  # a new tensor, so the rest works in place
+    x = logits - logits.amax(dim=-1, keepdim=True)  # a new tensor, so the rest works in place (amax: vectorized)
     x.div_(params.temperature)  # the maximum becomes 0
     if 0 < params.top_k < x.shape[-1]:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
