@@ -205,40 +205,51 @@ def test_a_stream_cut_by_a_dying_replica_ends_with_the_envelope(cluster, models)
     print(f"\nthe probe was cut after {len(got['ids'])} of {PROBE_TOKENS} tokens; two replicas ready {back:.1f} s later")
 
 
+def _retries(cluster: str) -> float:
+    metrics = httpx.get(cluster + "/metrics").text
+    return float(next(line.split()[-1] for line in metrics.splitlines()
+                      if line.startswith("verispec_ingress_retries_total")))
+
+
 @pytest.mark.slow
 def test_killing_a_replica_mid_load_loses_no_request(cluster, models):
     """A replica killed while its heartbeat reports rows of 40 concurrent requests (not at a stream's event: see
     the test above): each request completes equal to the engine's output, or ends with the 503 envelope, as its
-    status or after a true prefix of its tokens."""
+    status or after a true prefix of its tokens. A heartbeat is up to a beat old, so the victim may have finished
+    its rows by the kill (CI, once, under the slow suite's load): that round tested nothing and the load runs
+    again, three rounds at most."""
     tok = models.target.tokenizer
     prompts, max_tokens = _prompts(40), 100
-    with ThreadPoolExecutor(40) as pool:
-        futures = [pool.submit(_request, cluster, p, max_tokens, i % 2 == 1, ignore_eos=True)
-                   for i, p in enumerate(prompts)]
-        deadline = time.monotonic() + 30
-        while not (busy := [r for r in _health(cluster)["replicas"]["list"] if r["running"] + r["waiting"]]):
-            assert time.monotonic() < deadline, "no replica reported the load"
-            time.sleep(0.1)
-        victim = max(busy, key=lambda r: r["running"] + r["waiting"])  # as its last heartbeat reported
-        killed = _kill(victim["pid"])
-        results = [f.result(timeout=180) for f in futures]  # none hangs
-    back = _back(cluster, victim["pid"], killed)
-    completed = failed = 0
-    for prompt, got in zip(prompts, results):
-        if got["finish"]:
-            assert got["status"] == 200 and got["ids"] == _expected(models, prompt, max_tokens), prompt
-            completed += 1
-        else:  # the 503 envelope: as the status, or as the stream's last event after some tokens
-            assert got["error"]["code"] == "replica_unavailable" and got["error"]["type"] == "service_unavailable"
-            assert got["status"] == 503 or got["ids"] == _expected(models, prompt, max_tokens)[:len(got["ids"])]
-            failed += 1
-    assert completed + failed == 40
-    metrics = httpx.get(cluster + "/metrics").text
-    retried = float(next(line.split()[-1] for line in metrics.splitlines()
-                         if line.startswith("verispec_ingress_retries_total")))
-    assert failed + retried >= 1, "the kill touched no request: the load was over"
-    print(f"\nkilled replica {victim['id']} ({victim['running']} running, {victim['waiting']} waiting): {completed} "
-          f"requests completed, {failed} ended with the 503 envelope, {retried:.0f} retried; two replicas ready again {back:.1f} s after the kill")
+    for _ in range(3):
+        retried_before = _retries(cluster)
+        with ThreadPoolExecutor(40) as pool:
+            futures = [pool.submit(_request, cluster, p, max_tokens, i % 2 == 1, ignore_eos=True)
+                       for i, p in enumerate(prompts)]
+            deadline = time.monotonic() + 30
+            while not (busy := [r for r in _health(cluster)["replicas"]["list"] if r["running"] + r["waiting"]]):
+                assert time.monotonic() < deadline, "no replica reported the load"
+                time.sleep(0.1)
+            victim = max(busy, key=lambda r: r["running"] + r["waiting"])  # as its last heartbeat reported
+            killed = _kill(victim["pid"])
+            results = [f.result(timeout=180) for f in futures]  # none hangs
+        back = _back(cluster, victim["pid"], killed)
+        completed = failed = 0
+        for prompt, got in zip(prompts, results):
+            if got["finish"]:
+                assert got["status"] == 200 and got["ids"] == _expected(models, prompt, max_tokens), prompt
+                completed += 1
+            else:  # the 503 envelope: as the status, or as the stream's last event after some tokens
+                assert got["error"]["code"] == "replica_unavailable" and got["error"]["type"] == "service_unavailable"
+                assert got["status"] == 503 or got["ids"] == _expected(models, prompt, max_tokens)[:len(got["ids"])]
+                failed += 1
+        assert completed + failed == 40
+        retried = _retries(cluster) - retried_before
+        print(f"\nkilled replica {victim['id']} ({victim['running']} running, {victim['waiting']} waiting): {completed} "
+              f"requests completed, {failed} ended with the 503 envelope, {retried:.0f} retried; two replicas ready "
+              f"again {back:.1f} s after the kill")
+        if failed + retried >= 1:
+            break
+    assert failed + retried >= 1, "in three rounds the kill touched no request: the load was over each time"
     assert _request(cluster, prompts[0], 24, False)["ids"] == reference(models, tok.encode(prompts[0]), 24)
 
 
