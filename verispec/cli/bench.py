@@ -42,6 +42,11 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     b.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
     b.add_argument("--repeats", type=int, default=1, help="times each configuration runs on each prompt")
     b.add_argument("--peers", default="", help="comma list of peers to run beside ours: hf (transformers plain and assisted generation), llama.cpp (plain, prompt lookup, and draft-model speculation beside a drafting strategy; needs llama-cpp-python), openvino (OpenVINO GenAI plain, speculative with the draft, and prompt lookup; needs the [openvino] extra and the pair exported by benchmarks/openvino_export.sh)")
+    b.add_argument("--peer-gamma", default=None, metavar="GAMMAS",
+                   help="comma list of gammas for the peers' speculation (default: --gamma's)")
+    b.add_argument("--peer-strategies", default=None, metavar="NAMES",
+                   help=f"comma list of the peers' configurations to run, of: {', '.join(PEER_STRATEGIES)} (default: "
+                        "all that apply: plain, prompt lookup, and speculation with the draft beside a drafting strategy)")
     b.add_argument("--openvino-dir", default=None, metavar="DIR",
                    help="where the openvino peer finds the exported pair, as NAME-int4 directories named after --target and --draft (default: the verispec cache's openvino/)")
     b.add_argument("--seed", type=int, default=0, help="base seed of the sampled runs")
@@ -56,34 +61,35 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     b.set_defaults(run=run)
 
 
-def build_configs(strategies: list[str], gammas: list[int], temperatures: list[float], peers: list[str]) -> list[Config]:
+PEER_STRATEGIES = ("ar", "assisted", "prompt_lookup", "draft", "speculative")  # hf; all; llama.cpp; openvino
+
+
+def build_configs(strategies: list[str], gammas: list[int], temperatures: list[float], peers: list[str],
+                  peer_gammas: list[int] | None = None, peer_strategies: list[str] | None = None) -> list[Config]:
     """Ours first (ar, then each drafting strategy at each gamma), then the peers', for every temperature.
     transformers runs assisted generation when a strategy of ours uses the draft model, and its prompt lookup
     when one uses n-grams; llama.cpp runs its prompt lookup, and its draft-model speculation when a strategy of ours
     uses the draft; OpenVINO GenAI runs its speculative decoding with the draft when a strategy of ours uses one,
-    and its prompt lookup."""
+    and its prompt lookup. The peers speculate at `peer_gammas` (default: `gammas`) and run only `peer_strategies`
+    of theirs where given (PEER_STRATEGIES' names): a whole-suite run can then leave out the slow configurations."""
     from verispec.strategies import get
 
+    drafting = any(get(s).needs_draft for s in strategies)
+    pg = gammas if peer_gammas is None else peer_gammas
+    wanted = set(PEER_STRATEGIES if peer_strategies is None else peer_strategies)
+    offered = {  # peer: its configurations beside these strategies of ours, before the filters
+        "hf": ["ar"] + (["assisted"] if drafting else []) + (["prompt_lookup"] if any("ngram" in s for s in strategies) else []),
+        "llama.cpp": ["ar", "prompt_lookup"] + (["draft"] if drafting else []),
+        "openvino": ["ar"] + (["speculative"] if drafting else []) + ["prompt_lookup"],
+    }
     configs: list[Config] = []
     for t in temperatures:
         configs.append(Config("verispec", "ar", 0, t))
         configs += [Config("verispec", s, g, t) for s in strategies if s != "ar" for g in gammas]
-        if "hf" in peers:
-            configs.append(Config("hf", "ar", 0, t))
-            if any(get(s).needs_draft for s in strategies):
-                configs += [Config("hf", "assisted", g, t) for g in gammas]
-            if any("ngram" in s for s in strategies):
-                configs += [Config("hf", "prompt_lookup", g, t) for g in gammas]
-        if "llama.cpp" in peers:
-            configs.append(Config("llama.cpp", "ar", 0, t))
-            configs += [Config("llama.cpp", "prompt_lookup", g, t) for g in gammas]
-            if any(get(s).needs_draft for s in strategies):
-                configs += [Config("llama.cpp", "draft", g, t) for g in gammas]
-        if "openvino" in peers:
-            configs.append(Config("openvino", "ar", 0, t))
-            if any(get(s).needs_draft for s in strategies):
-                configs += [Config("openvino", "speculative", g, t) for g in gammas]
-            configs += [Config("openvino", "prompt_lookup", g, t) for g in gammas]
+        for peer in PEERS:
+            if peer in peers:
+                configs += [Config(peer, s, g, t) for s in offered[peer] if s in wanted
+                            for g in ([0] if s == "ar" else pg)]
     return configs
 
 
@@ -191,8 +197,16 @@ def run(args: argparse.Namespace) -> int:
     gammas = comma_list(args.gamma, int, "--gamma")
     temperatures = comma_list(args.temperature, float, "--temperature")
     peers = comma_list(args.peers, str, "--peers") if args.peers.strip() else []
-    if any(g < 1 for g in gammas):
-        fail("--gamma values must be >= 1")
+    peer_gammas = comma_list(args.peer_gamma, int, "--peer-gamma") if args.peer_gamma is not None else None
+    peer_strategies = (comma_list(args.peer_strategies, str, "--peer-strategies")
+                       if args.peer_strategies is not None else None)
+    if any(g < 1 for g in gammas + (peer_gammas or [])):
+        fail("--gamma and --peer-gamma values must be >= 1")
+    for s in peer_strategies or []:
+        if s not in PEER_STRATEGIES:
+            fail(f"unknown peer configuration {s!r} in --peer-strategies; choose from {', '.join(PEER_STRATEGIES)}")
+    if (peer_gammas is not None or peer_strategies is not None) and not peers:
+        fail("--peer-gamma and --peer-strategies choose the peers' runs: give --peers too")
     if any(not math.isfinite(t) or not 0 <= t <= 2 for t in temperatures):
         fail("--temperature values must be finite and in [0, 2]")
     for p in peers:
@@ -262,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             backends["openvino"] = OpenVinoBackend(ov_target, ov_draft, tok.eos_ids, threads=torch.get_num_threads(),
                                                    ngram_max=options.ngram_max)
-    configs = build_configs(strategies, gammas, temperatures, peers)
+    configs = build_configs(strategies, gammas, temperatures, peers, peer_gammas, peer_strategies)
     if "llama.cpp" in backends and backends["llama.cpp"].draft_path is None:
         configs = [c for c in configs if (c.system, c.strategy) != ("llama.cpp", "draft")]
 
