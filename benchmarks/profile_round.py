@@ -6,7 +6,7 @@
     python benchmarks/profile_round.py --dtypes w4a8 --draft-vocab 65536 --strategies ar,auto,auto+curve \
         --verify-cost 1:1,2:1.42,3:1.68,5:2.12 --limit 1 --categories code_completion,...
 
-Runs each (precision, strategy) on the suite's code prompts (greedy), interleaved per prompt, and prints one
+Runs each (precision, strategy) on the suite's code prompts (greedy, or --temperature T), interleaved per prompt, and prints one
 Markdown table: tokens/s, mean accepted length, and per round the ms spent drafting, in the target's forward,
 verifying, and elsewhere (the loop itself). A strategy written NAME+curve runs NAME planning with the
 --verify-cost curve instead of the one verispec.defaults gives this CPU (an A/B of that curve). Every precision's `ar` row is the baseline for its speedups: a
@@ -27,6 +27,7 @@ from verispec.defaults import default_draft_dtype
 from verispec.engine import GenerationParams, generate
 from verispec.models.load import default_threads, load
 from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
+from verispec.sampling import SamplingParams
 from verispec.strategies import StrategyOptions, make_proposer
 
 
@@ -43,7 +44,7 @@ def main() -> int:
                          "with each, side by side (its draft column then reads precision@N)")
     ap.add_argument("--strategies", default="ar,draft,adaptive",
                     help="comma list; NAME/N runs NAME with --draft-context N (the draft reads the prompt's first 4 "
-                         "and last N tokens; N = 0: all of it)")
+                         "and last N tokens; N = 0: all of it); NAME~C with --draft-confidence C")
     ap.add_argument("--prompts", default="suite", help="suite, or a JSONL file of prompts (verispec bench's format)")
     ap.add_argument("--gamma", type=int, default=4, help="gamma of draft; adaptive gets twice this as its cap")
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -52,6 +53,7 @@ def main() -> int:
     ap.add_argument("--verify-cost", default=None, metavar="K:COST,...",
                     help="the verification-cost curve (k tokens: cost in one-token forwards) of NAME+curve strategies")
     ap.add_argument("--limit", type=int, default=2, help="prompts per category")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); else sampled, seed 0 + prompt")
     args = ap.parse_args()
 
     default_threads()
@@ -86,9 +88,10 @@ def main() -> int:
     curve = interpolate_cost([(int(k), float(v)) for k, v in (p.split(":") for p in args.verify_cost.split(","))]) \
         if args.verify_cost else None
 
-    def run(dtype: str, ddtype: str | None, strategy: str, prompt: list[int], max_new: int):
+    def run(dtype: str, ddtype: str | None, strategy: str, prompt: list[int], max_new: int, seed: int = 0):
         target = targets[dtype]
         strategy, plus, _ = strategy.partition("+curve")
+        strategy, _, confidence = strategy.partition("~")
         if plus and curve is None:
             raise SystemExit(f"{strategy}+curve needs --verify-cost")
         # the strategy is built here, so the curve it plans with is chosen per run
@@ -97,8 +100,10 @@ def main() -> int:
         name, _, context = strategy.partition("/")
         proposer = make_proposer(name, target, drafts.get(ddtype), len(prompt) + max_new + gamma + 2,
                                  StrategyOptions(ngram_min=args.ngram_min,
-                                                 draft_context=int(context) if context else None))
-        params = GenerationParams(max_new_tokens=max_new, gamma=gamma, eos_ids=tuple(tok.eos_ids))
+                                                 draft_context=int(context) if context else None,
+                                                 draft_confidence=float(confidence) if confidence else None))
+        params = GenerationParams(max_new_tokens=max_new, gamma=gamma, eos_ids=tuple(tok.eos_ids),
+                                  sampling=SamplingParams(temperature=args.temperature), seed=seed)
         return generate(target.model, prompt, params, proposer).metrics
 
     for c in configs:  # warm-up: first calls allocate
@@ -107,12 +112,12 @@ def main() -> int:
     for i, prompt in enumerate(prompts):
         order = configs[i % len(configs):] + configs[: i % len(configs)]  # rotate the start, as bench does
         for c in order:
-            m = run(*c, prompt, args.max_new_tokens)
+            m = run(*c, prompt, args.max_new_tokens, seed=i)
             rows[c].append(m)
             print(f"[{time.perf_counter() - t0:6.0f}s] prompt {i + 1}/{len(prompts)} {c[0]} {c[1] or ''} {c[2]}: "
                   f"{m.decode_tokens_per_s:.2f} tok/s, {m.profile()}", file=sys.stderr)
 
-    print(f"\nGreedy, {len(prompts)} prompts x {args.max_new_tokens} new tokens, draft vocab "
+    print(f"\n{'Greedy' if args.temperature == 0 else f'T = {args.temperature}'}, {len(prompts)} prompts x {args.max_new_tokens} new tokens, draft vocab "
           f"{args.draft_vocab if args.draft_vocab != '0' else 'all'}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads. ms per round (mean over prompts).\n")
     print("| target | draft | strategy | decode tok/s | speedup vs own ar (geomean) | whole-request tok/s "

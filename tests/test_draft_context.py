@@ -82,3 +82,25 @@ def test_strategies_read_the_default_context_and_zero_reads_all(tiny_target, tin
         assert context(name, StrategyOptions()) == DEFAULT_DRAFT_CONTEXT
         assert context(name, StrategyOptions(draft_context=0)) is None
         assert context(name, StrategyOptions(draft_context=9)) == 9
+
+
+def test_each_draft_strategy_has_its_confidence_stop_and_the_flag_overrides_it(tiny_target, tiny_draft):
+    from pathlib import Path
+
+    from verispec.models.load import LoadedModel
+    from verispec.strategies import ADAPTIVE_CONFIDENCE, AUTO_CONFIDENCE, StrategyOptions, make_proposer
+
+    target, draft = LoadedModel(tiny_target, None, Path("/t"), "t"), LoadedModel(tiny_draft, None, Path("/d"), "d")
+
+    def confidence(name: str, options: StrategyOptions) -> float:
+        proposer = make_proposer(name, target, draft, 64, options)
+        while not isinstance(proposer, DraftModelProposer):
+            proposer = proposer.draft
+        return proposer.confidence
+
+    defaults = {"draft": 0.0, "draft+ngram": 0.0, "adaptive": ADAPTIVE_CONFIDENCE, "auto": AUTO_CONFIDENCE}
+    assert AUTO_CONFIDENCE == 0.5
+    for name, want in defaults.items():
+        assert confidence(name, StrategyOptions()) == want
+        assert confidence(name, StrategyOptions(draft_confidence=0.0)) == 0.0
+        assert confidence(name, StrategyOptions(draft_confidence=0.8)) == 0.8

@@ -56,6 +56,11 @@ class StrategyOptions:
 
 
 ADAPTIVE_CONFIDENCE = 0.3  # adaptive's default confidence stop
+# auto's: a round's drafting stops after a token the draft gave less than half its probability. Against no stop, on
+# 18 suite prompts (2 a category, 128 tokens, decode tok/s, benchmarks/profile_round.py, AMD EPYC): greedy prose
+# +3-5% and code -2-0% (AVX-512 build, three runs), prose +3%, code 0% (AVX2 build); T = 0.7 prose +7%, code +4%
+# (benchmarks/results/2026-11-28-epyc-auto-confidence). The length drafted depends on the draft alone: lossless.
+AUTO_CONFIDENCE = 0.5
 
 
 @dataclass(frozen=True)
@@ -141,12 +146,12 @@ def _draft_ngram(target: LoadedModel, draft: LoadedModel | None, size: Size, opt
 
 def _auto(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
     """draft+ngram whose draft-model rounds choose their length (0: a plain step) from live alpha and c and the
-    target's verification-cost curve on this hardware."""
+    target's verification-cost curve on this hardware, and end early after a token the draft is unsure of."""
 
     def adaptive() -> Proposer:
         c, cost = _prices(target, draft)
-        return AdaptiveGammaProposer(_draft(target, draft, size, options), verify_cost=cost, pause=True, prior_c=c,
-                                     measure_c=False)
+        return AdaptiveGammaProposer(_draft(target, draft, size, options, confidence=AUTO_CONFIDENCE),
+                                     verify_cost=cost, pause=True, prior_c=c, measure_c=False)
 
     return _lookup_first(options, adaptive)
 

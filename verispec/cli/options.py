@@ -155,7 +155,7 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                         "`verispec calibrate-layerskip` choice for the target, else half its layers)")
     p.add_argument("--draft-confidence", type=finite, default=None,
                    help="draft, adaptive, draft+ngram, auto: stop drafting after a token the draft gave less than this "
-                        "probability (default: 0, 0.3 for adaptive)")
+                        "probability (default: 0, 0.3 for adaptive, 0.5 for auto)")
     p.add_argument("--draft-context", type=int, default=None, metavar="N",
                    help="draft, adaptive, draft+ngram, auto: the draft model reads only the first 4 and the last N "
                         "tokens of a longer prompt, which bounds its own prefill; lossless; 0: the whole prompt "
