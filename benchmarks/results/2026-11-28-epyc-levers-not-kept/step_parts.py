@@ -1,16 +1,10 @@
+"""A decoding step's forward split into its compiled layer stack, its LM head and the Python around them (400
+steps on a 300-token cache, medians of the last 350): python step_parts.py d|t"""
 import sys, time, torch, statistics
-sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[1] / '2026-11-27-epyc-avx512-prefill-share'))
-from common import model
-import verispec.models.llama as L
-m = model(sys.argv[1])
-cache = m.new_cache(340)
-m.forward(torch.randint(1000, (1, 300)), cache, last_n=1)
-cache.commit(300)
-x = torch.randint(1000, (1, 1))
-# wrap stack.run and lm_head to time them
-rec = {"run": [], "head": []}
+from steploop import stepping
+m, cache, x = stepping(sys.argv[1])
+rec = {"run": [], "head": []}  # seconds of each call of the layer stack and of the LM head
 stack = m._layer_stack(m.inputs(x, None), m.layer_plan(torch.tensor([300]), torch.arange(301), None, 1), len(m.layers))
-orig_run = type(stack).run
 class Wrap:
     def __init__(self, s): self.s = s
     def run(self, *a):
