@@ -6,9 +6,9 @@
     python benchmarks/profile_round.py --dtypes w4a8 --draft-vocab 65536 --strategies ar,auto,auto+curve \
         --verify-cost 1:1,2:1.42,3:1.68,5:2.12 --limit 1 --categories code_completion,...
 
-Runs each (precision, strategy) on the suite's code prompts (greedy, or --temperature T), interleaved per prompt, and prints one
-Markdown table: tokens/s, mean accepted length, and per round the ms spent drafting, in the target's forward,
-verifying, and elsewhere (the loop itself). A strategy written NAME+curve runs NAME planning with the
+Runs each (precision, strategy) on the suite's code prompts (greedy, or --temperature T), interleaved per prompt,
+and prints one Markdown table: tokens/s, mean accepted length, and per round the ms spent drafting, in the
+target's forward, verifying, and elsewhere (the loop itself). A strategy written NAME+curve runs NAME planning with the
 --verify-cost curve instead of the one verispec.defaults gives this CPU (an A/B of that curve). Every precision's `ar` row is the baseline for its speedups: a
 quantized target is a different model, and speculation is lossless relative to the target as run.
 """
@@ -117,7 +117,8 @@ def main() -> int:
             print(f"[{time.perf_counter() - t0:6.0f}s] prompt {i + 1}/{len(prompts)} {c[0]} {c[1] or ''} {c[2]}: "
                   f"{m.decode_tokens_per_s:.2f} tok/s, {m.profile()}", file=sys.stderr)
 
-    print(f"\n{'Greedy' if args.temperature == 0 else f'T = {args.temperature}'}, {len(prompts)} prompts x {args.max_new_tokens} new tokens, draft vocab "
+    sampled = "Greedy" if args.temperature == 0 else f"T = {args.temperature}"
+    print(f"\n{sampled}, {len(prompts)} prompts x {args.max_new_tokens} new tokens, draft vocab "
           f"{args.draft_vocab if args.draft_vocab != '0' else 'all'}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads. ms per round (mean over prompts).\n")
     print("| target | draft | strategy | decode tok/s | speedup vs own ar (geomean) | whole-request tok/s "

@@ -78,12 +78,13 @@ def test_the_peers_runs_can_be_narrowed_to_some_configurations_and_gammas() -> N
         return [c.label for c in build_configs(["auto"], [6], [0.0, 0.7], peers, gammas, names)]
 
     ours = ["ar", "auto γ=6"]
-    assert labels(["llama.cpp"], [2], ["ar", "prompt_lookup"]) == \
-        ours + ["llama.cpp ar", "llama.cpp prompt_lookup γ=2"] + ours + ["llama.cpp ar", "llama.cpp prompt_lookup γ=2"]
+    narrowed = ["llama.cpp ar", "llama.cpp prompt_lookup γ=2"]
+    assert labels(["llama.cpp"], [2], ["ar", "prompt_lookup"]) == ours + narrowed + ours + narrowed
     assert labels(["llama.cpp"], [2, 4], None)[2:7] == ["llama.cpp ar", "llama.cpp prompt_lookup γ=2",
                                                         "llama.cpp prompt_lookup γ=4", "llama.cpp draft γ=2",
                                                         "llama.cpp draft γ=4"]
-    assert labels(["llama.cpp"], None, None)[2:5] == ["llama.cpp ar", "llama.cpp prompt_lookup γ=6", "llama.cpp draft γ=6"]
+    assert labels(["llama.cpp"], None, None)[2:5] == ["llama.cpp ar", "llama.cpp prompt_lookup γ=6",
+                                                      "llama.cpp draft γ=6"]
     # a name no chosen peer has selects nothing of theirs; each peer keeps its own order
     assert labels(["llama.cpp", "openvino"], [2], ["draft", "speculative"])[:4] == \
         ours + ["llama.cpp draft γ=2", "openvino speculative γ=2"]

@@ -58,7 +58,7 @@ class StrategyOptions:
 ADAPTIVE_CONFIDENCE = 0.3  # adaptive's default confidence stop
 # auto's: a round's drafting stops after a token the draft gave less than half its probability. Against no stop, on
 # 18 suite prompts (2 a category, 128 tokens, decode tok/s, benchmarks/profile_round.py, AMD EPYC): greedy prose
-# +3-5% and code -2-0% (AVX-512 build, three runs), prose +3%, code 0% (AVX2 build); T = 0.7 prose +7%, code +4%
+# +3-5% and code -2-0% (AVX-512 build, two runs), prose +3%, code 0% (AVX2 build); T = 0.7 prose +7%, code +4%
 # (benchmarks/results/2026-11-28-epyc-auto-confidence). The length drafted depends on the draft alone: lossless.
 AUTO_CONFIDENCE = 0.5
 

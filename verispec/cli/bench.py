@@ -45,8 +45,9 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     b.add_argument("--peer-gamma", default=None, metavar="GAMMAS",
                    help="comma list of gammas for the peers' speculation (default: --gamma's)")
     b.add_argument("--peer-strategies", default=None, metavar="NAMES",
-                   help=f"comma list of the peers' configurations to run, of: {', '.join(PEER_STRATEGIES)} (default: "
-                        "all that apply: plain, prompt lookup, and speculation with the draft beside a drafting strategy)")
+                   help=f"comma list of the peers' configurations to run, of: {', '.join(PEER_STRATEGIES)} "
+                        "(default: all that apply: plain, prompt lookup, and speculation with the draft beside a "
+                        "drafting strategy)")
     b.add_argument("--openvino-dir", default=None, metavar="DIR",
                    help="where the openvino peer finds the exported pair, as NAME-int4 directories named after --target and --draft (default: the verispec cache's openvino/)")
     b.add_argument("--seed", type=int, default=0, help="base seed of the sampled runs")
@@ -61,7 +62,9 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     b.set_defaults(run=run)
 
 
-PEER_STRATEGIES = ("ar", "assisted", "prompt_lookup", "draft", "speculative")  # hf; all; llama.cpp; openvino
+# the peers' configurations: plain (all), assisted generation (hf), prompt lookup (all), draft-model speculation
+# (llama.cpp), speculative decoding with the draft (openvino)
+PEER_STRATEGIES = ("ar", "assisted", "prompt_lookup", "draft", "speculative")
 
 
 def build_configs(strategies: list[str], gammas: list[int], temperatures: list[float], peers: list[str],
@@ -74,11 +77,11 @@ def build_configs(strategies: list[str], gammas: list[int], temperatures: list[f
     of theirs where given (PEER_STRATEGIES' names): a whole-suite run can then leave out the slow configurations."""
     from verispec.strategies import get
 
-    drafting = any(get(s).needs_draft for s in strategies)
+    drafting, ngrams = any(get(s).needs_draft for s in strategies), any("ngram" in s for s in strategies)
     pg = gammas if peer_gammas is None else peer_gammas
     wanted = set(PEER_STRATEGIES if peer_strategies is None else peer_strategies)
     offered = {  # peer: its configurations beside these strategies of ours, before the filters
-        "hf": ["ar"] + (["assisted"] if drafting else []) + (["prompt_lookup"] if any("ngram" in s for s in strategies) else []),
+        "hf": ["ar"] + (["assisted"] if drafting else []) + (["prompt_lookup"] if ngrams else []),
         "llama.cpp": ["ar", "prompt_lookup"] + (["draft"] if drafting else []),
         "openvino": ["ar"] + (["speculative"] if drafting else []) + ["prompt_lookup"],
     }
