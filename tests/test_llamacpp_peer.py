@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from verispec.bench.runner import Config, LlamaCppDraft
-from verispec.cli.bench import build_configs
+from verispec.cli.bench import build_configs, parse_peer_gammas
 
 VOCAB = 10
 
@@ -89,6 +89,15 @@ def test_the_peers_runs_can_be_narrowed_to_some_configurations_and_gammas() -> N
     assert labels(["llama.cpp", "openvino"], [2], ["draft", "speculative"])[:4] == \
         ours + ["llama.cpp draft γ=2", "openvino speculative γ=2"]
     assert labels(["hf"], [2], ["speculative"]) == ours + ours
+    # each peer its own gammas: llama.cpp's prompt lookup at 2, OpenVINO's speculation at 4
+    both = build_configs(["auto"], [6], [0.0], ["llama.cpp", "openvino"],
+                         parse_peer_gammas("2,openvino:4", ["llama.cpp", "openvino"], [6]), ["ar", "prompt_lookup",
+                                                                                               "speculative"])
+    assert [c.label for c in both] == ours + ["llama.cpp ar", "llama.cpp prompt_lookup γ=2", "openvino ar",
+                                              "openvino speculative γ=4", "openvino prompt_lookup γ=4"]
+    # a peer not named takes the bare numbers, or --gamma's when there are none
+    assert parse_peer_gammas("openvino:4,openvino:5", ["llama.cpp", "openvino"], [6]) == {"llama.cpp": [6],
+                                                                                          "openvino": [4, 5]}
 
 
 @pytest.mark.slow

@@ -43,7 +43,9 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     b.add_argument("--repeats", type=int, default=1, help="times each configuration runs on each prompt")
     b.add_argument("--peers", default="", help="comma list of peers to run beside ours: hf (transformers plain and assisted generation), llama.cpp (plain, prompt lookup, and draft-model speculation beside a drafting strategy; needs llama-cpp-python), openvino (OpenVINO GenAI plain, speculative with the draft, and prompt lookup; needs the [openvino] extra and the pair exported by benchmarks/openvino_export.sh)")
     b.add_argument("--peer-gamma", default=None, metavar="GAMMAS",
-                   help="comma list of gammas for the peers' speculation (default: --gamma's)")
+                   help="comma list of gammas for the peers' speculation; PEER:N gives one peer its own (e.g. "
+                        "2,openvino:4: llama.cpp at 2, OpenVINO at 4); a peer not named takes the bare numbers, or "
+                        "--gamma's if there are none (default: --gamma's)")
     b.add_argument("--peer-strategies", default=None, metavar="NAMES",
                    help=f"comma list of the peers' configurations to run, of: {', '.join(PEER_STRATEGIES)} "
                         "(default: all that apply: plain, prompt lookup, and speculation with the draft beside a "
@@ -68,17 +70,20 @@ PEER_STRATEGIES = ("ar", "assisted", "prompt_lookup", "draft", "speculative")
 
 
 def build_configs(strategies: list[str], gammas: list[int], temperatures: list[float], peers: list[str],
-                  peer_gammas: list[int] | None = None, peer_strategies: list[str] | None = None) -> list[Config]:
+                  peer_gammas: list[int] | dict[str, list[int]] | None = None,
+                  peer_strategies: list[str] | None = None) -> list[Config]:
     """Ours first (ar, then each drafting strategy at each gamma), then the peers', for every temperature.
     transformers runs assisted generation when a strategy of ours uses the draft model, and its prompt lookup
     when one uses n-grams; llama.cpp runs its prompt lookup, and its draft-model speculation when a strategy of ours
     uses the draft; OpenVINO GenAI runs its speculative decoding with the draft when a strategy of ours uses one,
-    and its prompt lookup. The peers speculate at `peer_gammas` (default: `gammas`) and run only `peer_strategies`
-    of theirs where given (PEER_STRATEGIES' names): a whole-suite run can then leave out the slow configurations."""
+    and its prompt lookup. The peers speculate at `peer_gammas` (one list for all, or a list per peer; default:
+    `gammas`) and run only `peer_strategies` of theirs where given (PEER_STRATEGIES' names): a whole-suite run can
+    then leave out the slow configurations."""
     from verispec.strategies import get
 
     drafting, ngrams = any(get(s).needs_draft for s in strategies), any("ngram" in s for s in strategies)
-    pg = gammas if peer_gammas is None else peer_gammas
+    pg = {p: gammas for p in PEERS} if peer_gammas is None else (
+        peer_gammas if isinstance(peer_gammas, dict) else {p: peer_gammas for p in PEERS})
     wanted = set(PEER_STRATEGIES if peer_strategies is None else peer_strategies)
     offered = {  # peer: its configurations beside these strategies of ours, before the filters
         "hf": ["ar"] + (["assisted"] if drafting else []) + (["prompt_lookup"] if ngrams else []),
@@ -92,8 +97,25 @@ def build_configs(strategies: list[str], gammas: list[int], temperatures: list[f
         for peer in PEERS:
             if peer in peers:
                 configs += [Config(peer, s, g, t) for s in offered[peer] if s in wanted
-                            for g in ([0] if s == "ar" else pg)]
+                            for g in ([0] if s == "ar" else pg.get(peer, gammas))]
     return configs
+
+
+def parse_peer_gammas(text: str, peers: list[str], gammas: list[int]) -> dict[str, list[int]]:
+    """--peer-gamma's value as each chosen peer's gammas: 'N' items apply to every peer, 'PEER:N' to that one; a
+    peer not named takes the bare items, or `gammas` (--gamma's) if there are none. Fails in one line."""
+    bare: list[int] = []
+    named: dict[str, list[int]] = {}
+    for item in comma_list(text, str, "--peer-gamma"):
+        peer, colon, number = item.strip().rpartition(":")
+        if colon and peer not in peers:
+            fail(f"--peer-gamma names {peer!r}, which is not among --peers ({', '.join(peers) or 'none'})")
+        try:
+            g = int(number)
+        except ValueError:
+            fail(f"--peer-gamma: {item!r} is not a gamma (N, or PEER:N such as openvino:4)")
+        (named.setdefault(peer, []) if colon else bare).append(g)
+    return {p: named.get(p) or bare or gammas for p in peers}
 
 
 def openvino_dir(spec: str, root: str | None) -> Path:
@@ -200,10 +222,10 @@ def run(args: argparse.Namespace) -> int:
     gammas = comma_list(args.gamma, int, "--gamma")
     temperatures = comma_list(args.temperature, float, "--temperature")
     peers = comma_list(args.peers, str, "--peers") if args.peers.strip() else []
-    peer_gammas = comma_list(args.peer_gamma, int, "--peer-gamma") if args.peer_gamma is not None else None
+    peer_gammas = parse_peer_gammas(args.peer_gamma, peers, gammas) if args.peer_gamma is not None else None
     peer_strategies = (comma_list(args.peer_strategies, str, "--peer-strategies")
                        if args.peer_strategies is not None else None)
-    if any(g < 1 for g in gammas + (peer_gammas or [])):
+    if any(g < 1 for g in gammas + [g for gs in (peer_gammas or {}).values() for g in gs]):
         fail("--gamma and --peer-gamma values must be >= 1")
     for s in peer_strategies or []:
         if s not in PEER_STRATEGIES:
