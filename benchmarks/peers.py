@@ -1,5 +1,6 @@
 """Every configuration of a bench run over llama.cpp's plain decoding, and our default over each llama.cpp
-speculation, geometric means of per-prompt whole-request tokens/s ratios, code prompts and all.
+speculation, geometric means of per-prompt tokens/s ratios, code prompts and all: whole requests (the first token's
+time included), then decoding alone (the tokens after the first over the time after it).
 
     python benchmarks/peers.py benchmarks/results/<run>/runs.jsonl [OURS] > benchmarks/results/<run>/peers.md
 
@@ -16,20 +17,23 @@ configs = sorted({r["config"] for r in rows})
 ours = sys.argv[2] if len(sys.argv) > 2 else max((c for c in configs if c.startswith("auto γ=")),
                                                   key=lambda c: int(c.split("=")[1]))
 code = {"code_completion", "code_instruct", "code_edit"}
-tps = lambda r: r["new_tokens"] / r["seconds"]
+measures = {"whole request": lambda r: r["new_tokens"] / r["seconds"],
+            "decoding (after the first token)": lambda r: (r["new_tokens"] - 1) / (r["seconds"] - r["ttft_s"])}
 gm = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 for T in sorted({k[2] for k in by}):
-    print(f"\n## T = {T}\n\n| configuration | / llama.cpp plain, code | all | {ours} / it, code | all | "
-          "differs from its plain (greedy) |")
-    print("|---|---|---|---|---|---|")
-    for c in configs:
-        cells = []
-        for base, num in (("llama.cpp ar", c), (c, ours)):
-            for sel in (lambda k: k in code, lambda k: True):
-                xs = [tps(v[num]) / tps(v[base]) for (p, k, t), v in by.items()
-                      if t == T and sel(k) and num in v and base in v]
-                cells.append(f"{gm(xs):.2f}×")
-        plain = "llama.cpp ar" if c.startswith("llama.cpp") else "ar"
-        diff = sum(v[c]["token_ids"] != v[plain]["token_ids"] for (p, k, t), v in by.items()
-                   if t == T and T == 0 and c in v and plain in v)
-        print(f"| {c} | " + " | ".join(cells) + f" | {diff if T == 0 else '–'} |")
+    for measure, tps in measures.items():
+        print(f"\n## T = {T}, {measure}\n\n| configuration | / llama.cpp plain, code | all | {ours} / it, code | all | "
+              "differs from its plain (greedy) |")
+        print("|---|---|---|---|---|---|")
+        for c in configs:
+            cells = []
+            for base, num in (("llama.cpp ar", c), (c, ours)):
+                for sel in (lambda k: k in code, lambda k: True):
+                    xs = [tps(v[num]) / tps(v[base]) for (p, k, t), v in by.items()
+                          if t == T and sel(k) and num in v and base in v and v[num]["new_tokens"] > 1
+                          and v[base]["new_tokens"] > 1]
+                    cells.append(f"{gm(xs):.2f}×")
+            plain = "llama.cpp ar" if c.startswith("llama.cpp") else "openvino ar" if c.startswith("openvino") else "ar"
+            diff = sum(v[c]["token_ids"] != v[plain]["token_ids"] for (p, k, t), v in by.items()
+                       if t == T and T == 0 and c in v and plain in v)
+            print(f"| {c} | " + " | ".join(cells) + f" | {diff if T == 0 else '–'} |")
