@@ -82,8 +82,8 @@ def build_configs(strategies: list[str], gammas: list[int], temperatures: list[f
     from verispec.strategies import get
 
     drafting, ngrams = any(get(s).needs_draft for s in strategies), any("ngram" in s for s in strategies)
-    pg = {p: gammas for p in PEERS} if peer_gammas is None else (
-        peer_gammas if isinstance(peer_gammas, dict) else {p: peer_gammas for p in PEERS})
+    pg = peer_gammas if isinstance(peer_gammas, dict) else dict.fromkeys(PEERS, gammas if peer_gammas is None
+                                                                          else peer_gammas)
     wanted = set(PEER_STRATEGIES if peer_strategies is None else peer_strategies)
     offered = {  # peer: its configurations beside these strategies of ours, before the filters
         "hf": ["ar"] + (["assisted"] if drafting else []) + (["prompt_lookup"] if ngrams else []),
