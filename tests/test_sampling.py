@@ -228,7 +228,9 @@ def test_valid_params(kwargs):
 
 
 # ---- sample / generator --------------------------------------------------------------------------------------------
-def test_sample_shapes_and_law():
+@pytest.mark.parametrize("path", ["kernel", "torch"])
+def test_sample_shapes_and_law(monkeypatch, path):
+    _use(monkeypatch, path)
     probs = torch.tensor([[0.0, 0.25, 0.75], [1.0, 0.0, 0.0]])
     draws = torch.stack([sample(probs, make_generator(s)) for s in range(2000)])  # [2000, 2]
     assert draws.shape == (2000, 2)
@@ -238,11 +240,13 @@ def test_sample_shapes_and_law():
     assert sample(torch.full((2, 3, 4), 0.25), make_generator(0)).shape == (2, 3)
 
 
-def test_sample_draws_unnormalized_weights_by_their_law_over_a_large_vocabulary():
+@pytest.mark.parametrize("path", ["kernel", "torch"])
+def test_sample_draws_unnormalized_weights_by_their_law_over_a_large_vocabulary(monkeypatch, path):
     """sample() is an inverse-CDF draw: chi-square of 20000 draws against weight / sum, over a 152k vocabulary
     whose mass sits on 12 ids, with zero-weight ids between and after them (never drawn)."""
     from scipy.stats import chisquare
 
+    _use(monkeypatch, path)
     w = torch.zeros(151936)
     ids = torch.tensor([0, 5, 6, 1000, 1001, 70000, 70002, 99999, 120000, 151000, 151934, 151935])
     w[ids] = torch.tensor([3.0, 1.0, 0.5, 2.0, 0.25, 4.0, 1.5, 0.75, 2.5, 1.0, 0.1, 0.9]) * 7.3  # not normalized
@@ -255,16 +259,62 @@ def test_sample_draws_unnormalized_weights_by_their_law_over_a_large_vocabulary(
     assert chisquare(counts[ids].double().numpy(), expected).pvalue > 1e-3
 
 
-def test_sample_never_draws_a_zero_weight_id_when_the_uniform_rounds_up(monkeypatch):
+@pytest.mark.parametrize("path", ["kernel", "torch"])
+def test_sample_never_draws_a_zero_weight_id_when_the_uniform_rounds_up(monkeypatch, path):
     """u = rand * total can round up to total; the draw then takes the last id with weight, not one past it."""
     import verispec.sampling as sampling
 
+    _use(monkeypatch, path)
     monkeypatch.setattr(sampling.torch, "rand", lambda *a, **k: torch.ones(*a[:2], dtype=torch.float64))
     assert sample(torch.tensor([[0.2, 0.5, 0.3, 0.0, 0.0]]), None).tolist() == [2]
 
 
-@pytest.mark.parametrize("weights", [[0.0, 0.0], [1.0, float("nan")], [1.0, -0.5, 2.0], [float("inf"), 1.0]])
-def test_sample_refuses_weights_that_have_no_law(weights):
+@pytest.mark.parametrize("path", ["kernel", "torch"])
+def test_sample_is_the_inverse_of_the_whole_cumulative_sum_at_block_edges(monkeypatch, path):
+    """The blocked draw (block sums, then one block's cumulative sum; compiled, or in torch) picks the id a single
+    cumulative sum over the row picks, for the same uniform: at every block edge (an off-by-one there would draw a
+    neighbour, or a zero weight), beside them, at ids' own cumulative sums and at random. Integer weights keep every
+    sum exact, so they must agree."""
+    import verispec.sampling as sampling
+
+    _use(monkeypatch, path)
+    vocab = 151936
+    block = sampling._block(vocab)
+    assert block and vocab // block > 1
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randint(0, 4, (vocab,), generator=gen).float()
+    w[block - 5 : 3 * block + 7] = 0.0  # whole blocks without weight, and zero runs across edges
+    w[-block:] = 0.0
+    cdf = w.double().cumsum(0)
+    total = float(cdf[-1])
+    edges = cdf[block - 1 :: block]  # the mass up to each block's end
+    inside = cdf[torch.randint(0, vocab, (200,), generator=gen)]  # the mass up to an id: the next id with weight
+    anywhere = torch.rand(200, generator=gen, dtype=torch.float64) * total
+    targets = torch.cat([edges, edges - 0.5, edges + 0.5, inside, anywhere])
+    targets = targets[(targets >= 0) & (targets < total)]
+    uniforms = iter((targets / total).tolist())
+    monkeypatch.setattr(sampling.torch, "rand", lambda *a, **k: torch.full(a[:2], next(uniforms), dtype=torch.float64))
+    for t in targets.tolist():
+        u = t / total * total  # the product sample() forms
+        want = int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64), right=True))
+        got = int(sample(w, None))
+        assert got == want and w[got] > 0, (t, got, want)
+
+
+def _use(monkeypatch, path: str) -> None:
+    """Run sampling's compiled kernels ("kernel", skipped where they cannot be built) or its torch code ("torch")."""
+    from verispec.models.kernels import SAMPLING_ENV, sampling_kernel
+
+    monkeypatch.setenv(SAMPLING_ENV, "torch" if path == "torch" else "kernel")
+    if path == "kernel" and sampling_kernel() is None:
+        pytest.skip("verispec's CPU kernels cannot be built here (no x86 AVX2 CPU, or no compiler)")
+
+
+@pytest.mark.parametrize("weights", [[0.0, 0.0], [1.0, float("nan")], [1.0, -0.5, 2.0], [float("inf"), 1.0],
+                                     [[1.0, 2.0], [0.0, 0.0]]])
+@pytest.mark.parametrize("path", ["kernel", "torch"])
+def test_sample_refuses_weights_that_have_no_law(monkeypatch, path, weights):
+    _use(monkeypatch, path)
     with pytest.raises(ValueError, match="non-negative"):
         sample(torch.tensor(weights), None)
 
@@ -305,3 +355,24 @@ def test_probs_over_a_truncated_head_equal_probs_over_the_padded_vocabulary():
                    SamplingParams(temperature=1.3, top_k=5), SamplingParams(temperature=0.5, top_k=25, top_p=0.5)):
         torch.testing.assert_close(probs_on_vocab(logits, params, 30), logits_to_probs(to_vocab(logits, 30), params),
                                    rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 2.5, 1e-30])
+def test_the_compiled_softmax_is_torchs(monkeypatch, temperature):
+    """logits_to_probs's compiled softmax (sample.cpp) against its torch code: rows with -inf entries, a width that
+    is not a multiple of the vector (16), a temperature near greedy's; a NaN row, or one of -inf only, stays NaN."""
+    from verispec.models.kernels import SAMPLING_ENV
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 1003, generator=gen) * 4
+    x[1, ::3] = -math.inf
+    x[2, 7] = 30.0
+    params = SamplingParams(temperature=temperature)
+    monkeypatch.setenv(SAMPLING_ENV, "torch")
+    want = logits_to_probs(x, params)
+    _use(monkeypatch, "kernel")
+    got = logits_to_probs(x, params)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-7)
+    assert torch.equal(got == 0, want == 0) and torch.allclose(got.sum(-1), torch.ones(5))
+    bad = torch.tensor([[1.0, float("nan"), 2.0], [-math.inf, -math.inf, -math.inf]])
+    assert logits_to_probs(bad, params).isnan().all()

@@ -233,6 +233,20 @@ def test_builds_are_bit_identical(bits):
             assert all(torch.equal(y, ys[0]) for y in ys[1:]), (n, rows)
 
 
+def test_sampling_kernels_are_bit_identical_across_builds():
+    """sample.cpp runs the same 8-lane code in every build: a sampled run's probabilities and draws do not depend on
+    whether the CPU has AVX-512 (here every build runs on one CPU)."""
+    builds = {isa: _build_or_skip(isa) for isa in kernels.ISAS}
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 151936, generator=gen) * 5
+    x[1, ::7] = float("-inf")
+    u = torch.rand(3, dtype=torch.float64, generator=gen)
+    probs = [b.softmax_t(x, 0.7) for b in builds.values()]
+    assert all(torch.equal(p, probs[0]) for p in probs[1:])
+    ids = [b.sample_rows(probs[0], u, 1187) for b in builds.values()]
+    assert all(torch.equal(i, ids[0]) for i in ids[1:])
+
+
 def test_build_is_picked_from_the_cpu_and_can_be_forced(monkeypatch):
     """The best build this CPU runs, unless $VERISPEC_KERNEL_ISA names one; a build the CPU lacks is refused with
     the missing flags, a CPU with AVX-VNNI and no AVX-512 gets the AVX-VNNI build (faked flags: an Alder Lake's),

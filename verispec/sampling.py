@@ -10,6 +10,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 from torch import Tensor
@@ -60,7 +61,7 @@ def argmax(logits: Tensor) -> Tensor:
     Over bfloat16 a float32 copy first (torch's bfloat16 argmax took ~4x as long); the result is the same."""
     x = logits.float()
     vocab = x.shape[-1]
-    block = _argmax_block(vocab)
+    block = _block(vocab)
     if block == 0 or x.numel() == 0 or x.device.type != "cpu":  # a GPU's argmax is one fast kernel: one launch
         return x.argmax(-1)
     blocks = x.reshape(-1, vocab // block, block)
@@ -70,9 +71,9 @@ def argmax(logits: Tensor) -> Tensor:
 
 
 @functools.cache
-def _argmax_block(vocab: int) -> int:
-    """A divisor of vocab in [256, 4096] near the square root (151,936 = 128 x 1187), or 0 where there is none or
-    the row is short (then torch's argmax is as fast)."""
+def _block(vocab: int) -> int:
+    """argmax's and sample's block: a divisor of vocab in [256, 4096] near the square root (151,936 = 128 x 1187),
+    or 0 where there is none or the row is short (then one pass over the row is as fast)."""
     if vocab < 8192:
         return 0
     return next((b for b in range(max(256, math.isqrt(vocab)), 4097) if vocab % b == 0), 0)
@@ -87,13 +88,27 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     logits = logits.float()
     if params.greedy:
         return torch.zeros_like(logits).scatter_(-1, argmax(logits)[..., None], 1.0)
-    x = logits - logits.amax(dim=-1, keepdim=True)  # a new tensor, so the rest works in place (amax: vectorized)
-    x.div_(params.temperature)  # the maximum becomes 0
-    if 0 < params.top_k < x.shape[-1]:
-        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
-        x.masked_fill_(x < kth, -math.inf)
-    probs = torch.softmax(x, dim=-1)
+    kernel = _kernel(logits)
+    if kernel is not None and not 0 < params.top_k < logits.shape[-1]:  # the same steps in one call (sample.cpp)
+        probs = kernel.softmax_t(logits.reshape(-1, logits.shape[-1]).contiguous(), params.temperature)
+        probs = probs.reshape(logits.shape)
+    else:
+        x = logits - logits.amax(dim=-1, keepdim=True)  # a new tensor, so the rest works in place (amax: vectorized)
+        x.div_(params.temperature)  # the maximum becomes 0
+        if 0 < params.top_k < x.shape[-1]:
+            kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
+            x.masked_fill_(x < kth, -math.inf)
+        probs = torch.softmax(x, dim=-1)
     return probs if params.top_p >= 1.0 else top_p_filter(probs, params.top_p)
+
+
+def _kernel(x: Tensor) -> ModuleType | None:
+    """The compiled sampling kernels (verispec.models.kernels.sampling_kernel) for a CPU float32 tensor, else None."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.numel() == 0:
+        return None
+    from verispec.models.kernels import sampling_kernel
+
+    return sampling_kernel()
 
 
 TOP_P_BLOCK = 256  # most likely ids sorted first; a top-p cut almost always falls among them
@@ -123,17 +138,40 @@ def sample(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     """[..., V] non-negative weights (not necessarily normalized) -> [...] ids, each drawn with probability
     weight / sum of its row: torch.multinomial's law, drawn as the inverse of a float64 cumulative sum at one
     uniform per row. torch.multinomial took ~3 ms a draw over a 152k vocabulary on a CPU (a decoding step is
-    ~50 ms, and a sampled round draws once per draft token); this takes ~0.3 ms."""
+    ~30 ms, and a sampled round draws once per draft token). The cumulative sum is taken in two levels: the
+    blocks' sums, then within the one block the uniform falls in; on a CPU in one compiled call (sample.cpp, the
+    same draw: torch's ~20 calls cost ~0.4 ms a draw after a forward has evicted the caches)."""
     flat = probs.reshape(-1, probs.shape[-1])
-    cdf = flat.cumsum(-1, dtype=torch.float64)
-    total = cdf[:, -1:].contiguous()
-    if not bool((torch.isfinite(total) & (total > 0)).all()) or bool((flat < 0).any()):
+    rows, vocab = flat.shape
+    block = (_block(vocab) if flat.device.type == "cpu" else 0) or vocab
+    u = torch.rand(rows, dtype=torch.float64, generator=generator, device=flat.device)
+    kernel = _kernel(flat)
+    ids = kernel.sample_rows(flat.contiguous(), u, block) if kernel is not None else _inverse_cdf(flat, u, block)
+    if bool((ids < 0).any()):
         raise ValueError("sampling weights must be non-negative and sum to a positive finite number")
-    u = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64, device=flat.device) * total
-    ids = torch.searchsorted(cdf, u, right=True)  # the first id whose cumulative sum passes u: its weight is > 0
-    # u < total, unless the product rounded up to it: then the last id with weight (the first whose sum is total)
-    ids = torch.minimum(ids, torch.searchsorted(cdf, total))
     return ids.reshape(probs.shape[:-1])
+
+
+def _inverse_cdf(flat: Tensor, u: Tensor, block: int) -> Tensor:
+    """sample()'s draw in torch: weights [rows, V], uniforms [rows] -> ids [rows] (-1 for a row without a law)."""
+    rows, vocab = flat.shape
+    parts = flat.reshape(rows, vocab // block, block)
+    cdf = parts.sum(-1, dtype=torch.float64).cumsum(-1)  # [rows, blocks]: the mass up to each block's end
+    total = cdf[:, -1:]
+    bad = ~(torch.isfinite(total) & (total > 0))[:, 0] | (flat.amin(-1) < 0)
+    cdf = torch.where(bad[:, None], 1.0, cdf)  # a row without a law draws anything, then -1
+    total = cdf[:, -1:]
+    t = u[:, None] * total
+    # the first block whose end passes t; t < total, unless the product rounded up to it: then the last block
+    # with weight (the first whose end is total)
+    b = torch.minimum(torch.searchsorted(cdf, t, right=True), torch.searchsorted(cdf, total))  # [rows, 1]
+    before = torch.where(b > 0, cdf.gather(-1, (b - 1).clamp_min(0)), 0.0)  # <= t
+    within = parts[torch.arange(rows, device=flat.device), b[:, 0]].cumsum(-1, dtype=torch.float64) + before
+    # the first id whose sum passes t: its weight is > 0 (a zero weight leaves the sum at or below t); rounding
+    # aside it is in this block, else the block's last id with weight
+    last = torch.searchsorted(within, within[:, -1:].contiguous())
+    i = torch.minimum(torch.searchsorted(within, t, right=True), last)
+    return torch.where(bad, -1, (b * block + i)[:, 0])
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:

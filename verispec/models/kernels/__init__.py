@@ -1,5 +1,6 @@
 """verispec's own CPU kernels (w4a8.cpp: the quantized matmul; attention.cpp: attention over a float32 KV cache;
-layer.cpp: a w4a8 decoder layer's work around attention), compiled on first use and cached per machine.
+layer.cpp: a w4a8 decoder layer's work around attention; sample.cpp: a sampled round's softmax and draws), compiled
+on first use and cached per machine.
 
 PyTorch ships no 4-bit-weight x 8-bit-activation matmul for x86, and that is the kernel a CPU decoding step
 needs: it is bound by reading weights, and verification must cost about what a 1-token step costs. The
@@ -46,7 +47,7 @@ ISA_CFLAGS = {
 EVEX_VNNI_CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-mavx2", "-mfma", "-mf16c", "-mavx512vl", "-mavx512vnni",
                     "-DVERISPEC_YMM", "-mprefer-vector-width=256"]  # 256-bit code (vec.h, w4a8.cpp, GCC's own loops)
 LDFLAGS = ["-fopenmp"]
-SOURCES = ("w4a8.cpp", "attention.cpp", "layer.cpp")
+SOURCES = ("w4a8.cpp", "attention.cpp", "layer.cpp", "sample.cpp")
 HEADERS = ("vec.h", "tensor.h")
 ISAS = tuple(ISA_FLAGS)
 NEEDED_FLAGS = ISA_FLAGS["avx512"]  # the fastest build's
@@ -174,6 +175,11 @@ def attention_kernel() -> ModuleType | None:
     built (no x86 AVX2 CPU, no compiler) or `$VERISPEC_ATTENTION=sdpa`: models then use torch's attention."""
     if os.environ.get(ATTENTION_ENV, "").strip().lower() == "sdpa":
         return None
+    return _kernel_or_none()
+
+
+def _kernel_or_none() -> ModuleType | None:
+    """w4a8()'s module, or None where it cannot be built (remembered per value of $VERISPEC_KERNEL_ISA)."""
     want = os.environ.get(ISA_ENV)
     if want not in _attention:
         try:
@@ -183,7 +189,18 @@ def attention_kernel() -> ModuleType | None:
     return _attention[want]
 
 
-_attention: dict[str | None, ModuleType | None] = {}
+_attention: dict[str | None, ModuleType | None] = {}  # _kernel_or_none()'s, per value of $VERISPEC_KERNEL_ISA
+
+SAMPLING_ENV = "VERISPEC_SAMPLING"  # "torch": sampling.py's torch versions (to compare, or to debug)
+
+
+def sampling_kernel() -> ModuleType | None:
+    """The compiled module whose `softmax_t` and `sample_rows` do a CPU row's sampling (verispec.sampling), or None
+    where it cannot be built or under `$VERISPEC_SAMPLING=torch`: sampling.py's torch code then runs."""
+    if os.environ.get(SAMPLING_ENV, "").strip().lower() == "torch":
+        return None
+    return _kernel_or_none()
+
 
 LAYER_ENV = "VERISPEC_LAYER"  # "python": a w4a8 model's layers run as torch calls (to compare, or to debug)
 
