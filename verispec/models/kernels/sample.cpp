@@ -3,8 +3,8 @@
 // define them; these compute the same up to float rounding). A T = 0.7 round draws once per draft token and once
 // in its verification, and softmaxes each verified position: in torch that is ~25 small calls a draft token, and
 // after a forward has evicted the caches each of them cost more than its arithmetic (0.6-0.9 ms a draft token
-// and ~1.7 ms a verification on a 2-core AMD EPYC: ~5% of a round). Here one call each, a row per task; every
-// build runs the same 8-lane code, so they give the same bits.
+// and ~1.7 ms a verification on a 2-core AMD EPYC: ~5% of a round). Here one call each, a row per task, on
+// vec.h's vectors, so every build gives the same bits.
 #include "tensor.h"
 #include <cmath>
 #include <cstdint>
@@ -15,37 +15,32 @@
 
 namespace {
 
-// 8-lane vectors in every build (one AVX2 register): the same instructions, so the builds give the same bits.
-typedef float f8 __attribute__((vector_size(32)));
-typedef float f8u __attribute__((vector_size(32), aligned(4), may_alias));  // an unaligned 8-float access
-typedef int32_t i8 __attribute__((vector_size(32)));
 typedef double d4 __attribute__((vector_size(32)));
-typedef float f4u __attribute__((vector_size(16), aligned(4), may_alias));
+typedef float f4u __attribute__((vector_size(16), aligned(4), may_alias));  // an unaligned 4-float access
 
-inline f8 load8(const float* p) { return *reinterpret_cast<const f8u*>(p); }
-inline void store8(float* p, f8 v) { *reinterpret_cast<f8u*>(p) = v; }
-inline float lanes_max(f8 v) {
-  float m = v[0];
-  for (int i = 1; i < 8; ++i) m = v[i] > m ? v[i] : m;
+// The largest (smallest) of a vector's lanes, in lane order.
+float lanes_max(f16v v) {
+  float x[kLanes];
+  store(x, v);
+  float m = x[0];
+  for (int i = 1; i < kLanes; ++i) m = x[i] > m ? x[i] : m;
   return m;
 }
-inline float lanes_sum(f8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+float lanes_min(f16v v) { return -lanes_max(-v); }
 
-// The sum of n floats in float64 (four lanes a step, two accumulators, then the lanes in a fixed order), and the
-// least of them in *low (a NaN leaves the sum NaN).
+// The sum of n floats in float64 (four lanes a step, four accumulators, then in a fixed order), and the least of
+// them and *low in *low (a NaN leaves the sum NaN).
 double sum64(const float* w, int64_t n, float* low) {
-  d4 a = {}, b = {};
-  f8 m = f8{} + *low;
+  d4 a[4] = {};
+  f16v m = splat(*low);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const f8 v = load8(w + i);
-    m = v < m ? v : m;
-    a += __builtin_convertvector(*reinterpret_cast<const f4u*>(w + i), d4);
-    b += __builtin_convertvector(*reinterpret_cast<const f4u*>(w + i + 4), d4);
+  for (; i + kLanes <= n; i += kLanes) {
+    m = vmin(load(w + i), m);
+    for (int j = 0; j < 4; ++j) a[j] += __builtin_convertvector(*reinterpret_cast<const f4u*>(w + i + 4 * j), d4);
   }
-  a += b;
-  double s = (a[0] + a[1]) + (a[2] + a[3]);
-  float lo = -lanes_max(-m);
+  const d4 t = (a[0] + a[1]) + (a[2] + a[3]);
+  double s = (t[0] + t[1]) + (t[2] + t[3]);
+  float lo = lanes_min(m);
   for (; i < n; ++i) {
     s += w[i];
     lo = w[i] < lo ? w[i] : lo;
@@ -71,24 +66,22 @@ torch::Tensor softmax_t(torch::Tensor x, double temperature) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = xp + r * V;
       float* yr = yp + r * V;
-      const int64_t body = V / 8 * 8;
-      f8 mv = f8{} + kNegInf;
-      for (int64_t i = 0; i < body; i += 8) {
-        const f8 v = load8(xr + i);
-        mv = v > mv ? v : mv;  // a NaN is skipped here and turns the sum below into NaN
-      }
+      const int64_t body = V / kLanes * kLanes;
+      f16v mv = splat(kNegInf);
+      for (int64_t i = 0; i < body; i += kLanes) mv = vmax(load(xr + i), mv);  // NaN skipped: it turns the sum NaN
       float m = lanes_max(mv);
       for (int64_t i = body; i < V; ++i) m = xr[i] > m ? xr[i] : m;
-      f8 acc = {};
-      for (int64_t i = 0; i < body; i += 8) {
-        const f8 e = exp_lanes<f8, i8>((load8(xr + i) - m) * inv_t);
-        store8(yr + i, e);
+      f16v acc = {};
+      for (int64_t i = 0; i < body; i += kLanes) {
+        const f16v e = exp16((load(xr + i) - m) * inv_t);
+        store(yr + i, e);
         acc += e;
       }
-      float total = lanes_sum(acc);
+      float total = hsum(acc);
       for (int64_t i = body; i < V; ++i) {
-        f8 v = f8{} + (xr[i] - m) * inv_t;
-        yr[i] = exp_lanes<f8, i8>(v)[0];
+        float e[kLanes];
+        store(e, exp16(splat((xr[i] - m) * inv_t)));
+        yr[i] = e[0];
         total += yr[i];
       }
       if (std::isinf(m) || !std::isfinite(total)) {  // >= 1 otherwise: the maximum's own term is e^0
@@ -96,7 +89,7 @@ torch::Tensor softmax_t(torch::Tensor x, double temperature) {
         continue;
       }
       const float inv = 1.0f / total;
-      for (int64_t i = 0; i < body; i += 8) store8(yr + i, load8(yr + i) * inv);
+      for (int64_t i = 0; i < body; i += kLanes) store(yr + i, load(yr + i) * inv);
       for (int64_t i = body; i < V; ++i) yr[i] = yr[i] * inv;
     }
   });

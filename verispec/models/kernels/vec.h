@@ -39,6 +39,13 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline f16v splat(float x) { return f16v{} + x; }
 #if defined(VERISPEC_ZMM)
+inline f16v vmax(f16v a, f16v b) { return a > b ? a : b; }  // lane by lane; b where a is NaN
+inline f16v vmin(f16v a, f16v b) { return a < b ? a : b; }
+#else
+inline f16v vmax(f16v a, f16v b) { return {a.lo > b.lo ? a.lo : b.lo, a.hi > b.hi ? a.hi : b.hi}; }
+inline f16v vmin(f16v a, f16v b) { return {a.lo < b.lo ? a.lo : b.lo, a.hi < b.hi ? a.hi : b.hi}; }
+#endif
+#if defined(VERISPEC_ZMM)
 inline f16v load(const float* p) {
   f16v v;
   std::memcpy(&v, p, sizeof v);
