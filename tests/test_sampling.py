@@ -279,7 +279,7 @@ def test_sample_is_the_inverse_of_the_whole_cumulative_sum_at_block_edges(monkey
 
     _use(monkeypatch, path)
     vocab = 151936
-    block = sampling._block(vocab)
+    block = sampling.draw_block(vocab)
     assert block and vocab // block > 1
     gen = torch.Generator().manual_seed(3)
     w = torch.randint(0, 4, (vocab,), generator=gen).float()

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from verispec.verify import Verified, verify_chain, verify_greedy
+from verispec.sampling import SamplingParams, logits_to_probs
+from verispec.verify import Verified, verify_chain, verify_chain_compiled, verify_greedy
 
 V = 4
 
@@ -386,3 +387,74 @@ def test_law_comparison_rejects_a_broken_verifier():
     law = exact_law(p, q)
     assert law_pvalue(sample_chain(p, q, 20000, 1), law) > 1e-4
     assert law_pvalue(sample_chain(p, q, 20000, 1, verifier=_residual_is_p), law) < 1e-6
+
+
+# ---- the compiled chain (sample.cpp's verify_row) -----------------------------------------------------------------
+def _compiled_cases(vocab: int, seed: int) -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """(what, logits [g + 1, V], draft [g], q [g, V] or None) covering each rejection point, all accepted, one-hot
+    q, q(x) = 0, p(x) = 0, a residual that rounds to nothing, -inf logits."""
+    gen = torch.Generator().manual_seed(seed)
+    params = SamplingParams(temperature=0.7)
+    cases = []
+    for g in range(6):
+        for spread in (0.0, 0.5, 3.0):  # q near p (long acceptances) .. far from it (early rejections)
+            lg = torch.randn(g + 1, vocab, generator=gen) * 3
+            q = logits_to_probs(lg[:g] + torch.randn(g, vocab, generator=gen) * spread, params)
+            draft = torch.multinomial(q, 1, generator=gen)[:, 0] if g else torch.empty(0, dtype=torch.long)
+            cases.append((f"g={g} spread={spread}", lg, draft, q))
+            cases.append((f"g={g} spread={spread} one-hot", lg, draft, None))
+    lg = torch.randn(4, vocab, generator=gen)
+    draft = torch.tensor([1, 2, 3])
+    q = logits_to_probs(lg[:3], params)
+    q_zero = q.clone()
+    q_zero[:, 1:4] = 0.0
+    cases.append(("q(x) = 0", lg, draft, q_zero))
+    p_zero = lg.clone()
+    p_zero[1, 2] = float("-inf")
+    p_zero[:, ::5] = float("-inf")
+    cases.append(("p(x) = 0, -inf logits", p_zero, draft, q))
+    cases.append(("q >= p: no residual mass", lg, draft, q + logits_to_probs(lg[:3], params)))
+    return cases
+
+
+@pytest.mark.parametrize("vocab", [4, 1003, 151936])
+def test_compiled_chain_is_verify_chain_draw_for_draw(vocab):
+    """verify_chain_compiled from logits gives verify_chain's outcome over logits_to_probs(logits), for the same
+    generator, and leaves the generator where it does: the same uniforms, the same probabilities, the same residual
+    and fallback (a wrong residual row, an off-by-one in the accepted prefix or a different draw fails it)."""
+    from verispec.models.kernels import sampling_kernel
+
+    if sampling_kernel() is None:
+        pytest.skip("verispec's CPU kernels cannot be built here (no x86 AVX2 CPU, or no compiler)")
+    seen = set()
+    for temperature in (0.7, 1.0, 0.05):
+        params = SamplingParams(temperature=temperature)
+        for what, lg, draft, q in _compiled_cases(vocab, seed=vocab):
+            qq = q if q is not None else torch.zeros(draft.numel(), vocab).scatter_(-1, draft[:, None], 1.0)
+            for seed in range(6 if vocab > 4 else 40):
+                g1, g2 = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+                got = verify_chain_compiled(draft, lg, q, params, g1)
+                want = verify_chain(draft[None], logits_to_probs(lg, params)[None], qq[None], g2)
+                n = int(want.num_accepted[0])
+                assert got is not None and int(got.num_accepted[0]) == n, (what, temperature, seed)
+                assert got.tokens[0, : n + 1].tolist() == want.tokens[0, : n + 1].tolist(), (what, temperature, seed)
+                assert torch.equal(g1.get_state(), g2.get_state()), (what, temperature, seed)
+                seen.add((draft.numel(), n))
+    if vocab == 4:  # the small cases reach every rejection point and all-accepted
+        assert seen >= {(g, n) for g in range(1, 6) for n in range(g + 1)}, sorted(seen)
+
+
+def test_compiled_chain_refuses_what_it_does_not_do_and_a_row_without_a_law():
+    """top-k, top-p and greedy are left to the torch code (None); a NaN row raises as sample does."""
+    from verispec.models.kernels import sampling_kernel
+
+    if sampling_kernel() is None:
+        pytest.skip("verispec's CPU kernels cannot be built here (no x86 AVX2 CPU, or no compiler)")
+    lg, draft = torch.randn(3, 50), torch.tensor([1, 2])
+    for params in (SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=0.7, top_p=0.9),
+                   SamplingParams()):
+        assert verify_chain_compiled(draft, lg, None, params, None) is None
+    assert verify_chain_compiled(draft, lg.double(), None, SamplingParams(temperature=0.7), None) is None
+    lg[0, 3] = float("nan")
+    with pytest.raises(ValueError, match="non-negative"):
+        verify_chain_compiled(draft, lg, None, SamplingParams(temperature=0.7), torch.Generator().manual_seed(0))

@@ -245,6 +245,10 @@ def test_sampling_kernels_are_bit_identical_across_builds():
     assert all(torch.equal(p, probs[0]) for p in probs[1:])
     ids = [b.sample_rows(probs[0], u, 1187) for b in builds.values()]
     assert all(torch.equal(i, ids[0]) for i in ids[1:])
+    draft, ua = torch.tensor([3, 9]), torch.rand(2, generator=gen)
+    for q in (probs[0][:2] * 0.5, torch.empty(0)):  # a chain's verification: the same outcome in every build
+        rounds = [b.verify_row(x, 0.7, draft, q, ua, u[:1], 1187) for b in builds.values()]
+        assert all(torch.equal(r, rounds[0]) for r in rounds[1:])
 
 
 def test_build_is_picked_from_the_cpu_and_can_be_forced(monkeypatch):

@@ -61,7 +61,7 @@ def argmax(logits: Tensor) -> Tensor:
     Over bfloat16 a float32 copy first (torch's bfloat16 argmax took ~4x as long); the result is the same."""
     x = logits.float()
     vocab = x.shape[-1]
-    block = _block(vocab)
+    block = draw_block(vocab)
     if block == 0 or x.numel() == 0 or x.device.type != "cpu":  # a GPU's argmax is one fast kernel: one launch
         return x.argmax(-1)
     blocks = x.reshape(-1, vocab // block, block)
@@ -71,7 +71,7 @@ def argmax(logits: Tensor) -> Tensor:
 
 
 @functools.cache
-def _block(vocab: int) -> int:
+def draw_block(vocab: int) -> int:
     """argmax's and sample's block: a divisor of vocab in [256, 4096] near the square root (151,936 = 128 x 1187),
     or 0 where there is none or the row is short (then one pass over the row is as fast)."""
     if vocab < 8192:
@@ -88,7 +88,7 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     logits = logits.float()
     if params.greedy:
         return torch.zeros_like(logits).scatter_(-1, argmax(logits)[..., None], 1.0)
-    kernel = _kernel(logits)
+    kernel = compiled_for(logits)
     if kernel is not None and not 0 < params.top_k < logits.shape[-1]:  # the same steps in one call (sample.cpp)
         probs = kernel.softmax_t(logits.reshape(-1, logits.shape[-1]).contiguous(), params.temperature)
         probs = probs.reshape(logits.shape)
@@ -102,7 +102,7 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     return probs if params.top_p >= 1.0 else top_p_filter(probs, params.top_p)
 
 
-def _kernel(x: Tensor) -> ModuleType | None:
+def compiled_for(x: Tensor) -> ModuleType | None:
     """The compiled sampling kernels (verispec.models.kernels.sampling_kernel) for a CPU float32 tensor, else None."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or x.numel() == 0:
         return None
@@ -143,9 +143,9 @@ def sample(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     same draw: torch's ~20 calls cost ~0.4 ms a draw after a forward has evicted the caches)."""
     flat = probs.reshape(-1, probs.shape[-1])
     rows, vocab = flat.shape
-    block = (_block(vocab) if flat.device.type == "cpu" else 0) or vocab
+    block = (draw_block(vocab) if flat.device.type == "cpu" else 0) or vocab
     u = torch.rand(rows, dtype=torch.float64, generator=generator, device=flat.device)
-    kernel = _kernel(flat)
+    kernel = compiled_for(flat)
     ids = kernel.sample_rows(flat.contiguous(), u, block) if kernel is not None else _inverse_cdf(flat, u, block)
     if bool((ids < 0).any()):
         raise ValueError("sampling weights must be non-negative and sum to a positive finite number")

@@ -371,6 +371,8 @@ torch::Tensor layers(const std::vector<torch::Tensor>& ops, const std::vector<do
 // sample.cpp
 torch::Tensor softmax_t(torch::Tensor x, double temperature);
 torch::Tensor sample_rows(torch::Tensor w, torch::Tensor u, int64_t block);
+torch::Tensor verify_row(torch::Tensor logits, double temperature, torch::Tensor draft, torch::Tensor q,
+                         torch::Tensor u, torch::Tensor u_last, int64_t block);
 
 // A model's decoder layers with their operands converted from Python once, not at every forward (360 tensors for
 // the 0.5B draft). Module-local: the builds (avx512, avxvnni, avx2) load into one process and each binds its own.
@@ -400,5 +402,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layer", &layer, "a whole decoder layer: layer_pre, the cache write, attention, layer_post (w4a8 weights)");
   m.def("softmax_t", &softmax_t, "softmax((x - max) / temperature) of each row (sampling.logits_to_probs)");
   m.def("sample_rows", &sample_rows, "an inverse-CDF draw from each row of weights (sampling.sample)");
+  m.def("verify_row", &verify_row, "a sampled chain's verification from the target's logits (verify.verify_chain)");
   m.def("isa", [] { return std::string(kIsa); }, "the instruction set this build uses: avx512, avxvnni or avx2");
 }
