@@ -445,7 +445,8 @@ def test_compiled_chain_is_verify_chain_draw_for_draw(vocab):
 
 
 def test_compiled_chain_refuses_what_it_does_not_do_and_a_row_without_a_law():
-    """top-k, top-p and greedy are left to the torch code (None); a NaN row raises as sample does."""
+    """top-k, top-p, greedy and a q not in float32 are left to the torch code (None); bfloat16 logits are taken as
+    float32; a NaN row raises as sample does."""
     from verispec.models.kernels import sampling_kernel
 
     if sampling_kernel() is None:
@@ -454,7 +455,14 @@ def test_compiled_chain_refuses_what_it_does_not_do_and_a_row_without_a_law():
     for params in (SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=0.7, top_p=0.9),
                    SamplingParams()):
         assert verify_chain_compiled(draft, lg, None, params, None) is None
-    assert verify_chain_compiled(draft, lg.double(), None, SamplingParams(temperature=0.7), None) is None
+    assert verify_chain_compiled(draft, lg, torch.rand(2, 50).double(), SamplingParams(temperature=0.7), None) is None
+    bf16 = lg.bfloat16()  # a bfloat16 target's logits: taken as float32, as logits_to_probs takes them
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    got = verify_chain_compiled(draft, bf16, None, SamplingParams(temperature=0.7), g1)
+    one_hot = torch.zeros(2, 50).scatter_(-1, draft[:, None], 1.0)
+    want = verify_chain(draft[None], logits_to_probs(bf16, SamplingParams(temperature=0.7))[None], one_hot[None], g2)
+    n = int(want.num_accepted[0])
+    assert got is not None and int(got.num_accepted[0]) == n and torch.equal(got.tokens[0, : n + 1], want.tokens[0, : n + 1])
     lg[0, 3] = float("nan")
     with pytest.raises(ValueError, match="non-negative"):
         verify_chain_compiled(draft, lg, None, SamplingParams(temperature=0.7), torch.Generator().manual_seed(0))
