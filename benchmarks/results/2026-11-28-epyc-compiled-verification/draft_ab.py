@@ -1,0 +1,68 @@
+"""A/B of a draft token's q and draw in one compiled call written into the proposal's buffer (sampling.sample_into,
+sample.cpp's softmax_draw) against the calls before it (probs_on_vocab's softmax and zero pad, sample(), the rows
+stacked at the end), in one process: the default pair as the bench runs it (the draft proposes ids < 65536), `auto`
+gamma <= 6, each prompt both ways in alternating order. The same draws, so each pair must emit the same tokens
+(checked). Prints decode tok/s per prompt and the geometric mean of new / old.
+
+    python draft_ab.py [--limit 2] [--temperature 0.7] [--max-new-tokens 128]
+"""
+import argparse
+import statistics
+import sys
+
+import torch
+
+import verispec.proposers.draft_model as D
+from verispec.bench.suite import load_prompts
+from verispec.engine import GenerationParams, generate
+from verispec.models.load import default_threads, load
+from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
+from verispec.models.quant import truncate_head
+from verispec.sampling import SamplingParams, sample
+from verispec.strategies import StrategyOptions, make_proposer
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--limit", type=int, default=2)
+ap.add_argument("--temperature", type=float, default=0.7)
+ap.add_argument("--max-new-tokens", type=int, default=128)
+args = ap.parse_args()
+default_threads()
+target, draft = load(DEFAULT_TARGET, dtype="w4a8"), load(DEFAULT_DRAFT, dtype="w4a8-4bit")
+truncate_head(draft.model, 65536)
+tok = target.tokenizer
+prompts = [(p.category, tok.chat(list(p.messages))) for p in load_prompts("suite", limit=args.limit)]
+new = D.sample_into
+
+
+def old(logits, params, generator, out):
+    """What draft_steps did before: probs_on_vocab (softmax, then a padded copy), sample(), the row kept (stacked
+    at the end: here copied into the buffer, a copy of the same size)."""
+    q = D.probs_on_vocab(logits[0], params, out.shape[-1])
+    token = sample(q[: logits.shape[-1]], generator)
+    out[0] = q
+    return token[None]
+
+
+def run(prompt: list[int], n: int, seed: int, mode: str):
+    D.sample_into = new if mode == "new" else old
+    prop = make_proposer("auto", target, draft, len(prompt) + n + 8, StrategyOptions())
+    params = GenerationParams(max_new_tokens=n, gamma=6, eos_ids=tuple(tok.eos_ids),
+                              sampling=SamplingParams(temperature=args.temperature), seed=seed)
+    return generate(target.model, prompt, params, prop)
+
+
+for mode in ("old", "new"):
+    run(prompts[0][1], 8, 0, mode)
+ratios = []
+for i, (cat, prompt) in enumerate(prompts):
+    got = {}
+    for mode in (("old", "new") if i % 2 == 0 else ("new", "old")):
+        got[mode] = run(prompt, args.max_new_tokens, i, mode)
+    assert got["old"].token_ids == got["new"].token_ids, (cat, i)
+    tps = {m: g.metrics.decode_tokens_per_s for m, g in got.items()}
+    dms = {m: g.metrics.draft_seconds / max(g.metrics.draft_forwards, 1) * 1e3 for m, g in got.items()}
+    ratios.append(tps["new"] / tps["old"])
+    print(f"{cat:20s} old {tps['old']:6.2f} ({dms['old']:.2f} ms a draft step)  new {tps['new']:6.2f} "
+          f"({dms['new']:.2f} ms)  {ratios[-1]:.3f}x  same tokens", file=sys.stderr, flush=True)
+print(f"new / old decode tok/s, geometric mean over {len(ratios)} prompts: {statistics.geometric_mean(ratios):.3f}x "
+      f"(median {statistics.median(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f})")
