@@ -4,6 +4,7 @@ stacked at the end), in one process: the default pair as the bench runs it (the 
 gamma <= 6, each prompt both ways in alternating order. The same draws, so each pair must emit the same tokens
 (checked). Prints decode tok/s per prompt and the geometric mean of new / old.
 
+    git apply sample_into.patch   # (from the repository root, at 3c34101) the change it measures, not landed
     python draft_ab.py [--limit 2] [--temperature 0.7] [--max-new-tokens 128]
 """
 import argparse
