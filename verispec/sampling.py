@@ -21,6 +21,8 @@ from torch import Tensor
 # The round applies it to the target at every verified position and hands it to the proposer for its drafts.
 Shaper = Callable[[Tensor, list[int]], Tensor]
 
+# Why a draw refuses a row of weights (sample, and verify's compiled chain, which draws the same way).
+NO_LAW = "sampling weights must be non-negative and sum to a positive finite number"
 # The smallest normal float32: below it the temperature itself would round to 0 (or a subnormal) in float32.
 MIN_TEMPERATURE = 1.1754943508222875e-38
 
@@ -148,7 +150,7 @@ def sample(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     kernel = compiled_for(flat)
     ids = kernel.sample_rows(flat.contiguous(), u, block) if kernel is not None else _inverse_cdf(flat, u, block)
     if bool((ids < 0).any()):
-        raise ValueError("sampling weights must be non-negative and sum to a positive finite number")
+        raise ValueError(NO_LAW)
     return ids.reshape(probs.shape[:-1])
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from verispec.sampling import SamplingParams, argmax, compiled_for, draw_block, logits_to_probs, sample
+from verispec.sampling import NO_LAW, SamplingParams, argmax, compiled_for, draw_block, logits_to_probs, sample
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def verify_chain_compiled(draft: Tensor, logits: Tensor, q: Tensor | None, param
                                  empty if q is None else q.contiguous(), u[0], u_last,
                                  draw_block(vocab) or vocab).tolist()
     if token < 0:
-        raise ValueError("sampling weights must be non-negative and sum to a positive finite number")
+        raise ValueError(NO_LAW)
     tokens = torch.cat([draft, draft.new_zeros(1)])
     tokens[n] = token
     return Verified(num_accepted=torch.tensor([n]), tokens=tokens[None])

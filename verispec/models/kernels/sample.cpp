@@ -4,8 +4,8 @@
 // (verify.verify_chain over those two, the same bits). A T = 0.7 round draws once per draft token and once in its
 // verification, and softmaxes each verified position: in torch that is ~25 small calls a draft token, and after a
 // forward has evicted the caches each of them cost more than its arithmetic (0.6-0.9 ms a draft token and ~1.3 ms a
-// verification on a 2-core AMD EPYC: ~5% of a round). Here one call each, a row per task, on vec.h's vectors, so
-// every build gives the same bits.
+// verification on a 2-core AMD EPYC: ~5% of a round). Here one call each (the first two a row per task), on vec.h's
+// vectors, so every build gives the same bits.
 #include "tensor.h"
 #include <algorithm>
 #include <cmath>
@@ -182,7 +182,8 @@ torch::Tensor verify_row(torch::Tensor logits, double temperature, torch::Tensor
   const bool one_hot = q.numel() == 0;
   TORCH_CHECK(one_hot || (q.dim() == 2 && q.size(0) == G && q.size(1) == V && q.scalar_type() == torch::kFloat32 &&
                           q.is_contiguous()), "q: contiguous [G, V] float32, or empty");
-  TORCH_CHECK(u.dim() == 1 && u.size(0) == G && u.scalar_type() == torch::kFloat32 && u.is_contiguous(), "u: [G] float32");
+  TORCH_CHECK(u.dim() == 1 && u.size(0) == G && u.scalar_type() == torch::kFloat32 && u.is_contiguous(),
+              "u: [G] float32");
   TORCH_CHECK(u_last.numel() == 1 && u_last.scalar_type() == at::kDouble, "u_last: [1] float64");
   const float* xp = logits.data_ptr<float>();
   const int64_t* dp = draft.data_ptr<int64_t>();
@@ -205,7 +206,8 @@ torch::Tensor verify_row(torch::Tensor logits, double temperature, torch::Tensor
     }
     if (n == G) break;
     const int64_t x = dp[n];  // accepted while u * q(x) < p(x); p(x) NaN (a row without a law) never is
-    const float px = inv[n] == 0.f ? std::numeric_limits<float>::quiet_NaN() : exp_at(xp[n * V + x], m[n], inv_t) * inv[n];
+    const float px =
+        inv[n] == 0.f ? std::numeric_limits<float>::quiet_NaN() : exp_at(xp[n * V + x], m[n], inv_t) * inv[n];
     const float qx = one_hot ? 1.0f : qp[n * V + x];
     if (!(up[n] * qx < px)) break;
     ++n;
