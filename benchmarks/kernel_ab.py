@@ -31,6 +31,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="8960x1536,1536x8960", help="out x in, comma list")
     ap.add_argument("--rows", default="1,5", help="rows (tokens) of x, comma list")
     ap.add_argument("--bits", default="4,8", help="weight bits, comma list (4, 6, 8)")
+    ap.add_argument("--rounding-may-differ", action="store_true",
+                    help="a version that sums in another order: within 1e-5 of the baseline's largest output")
     args = ap.parse_args()
     if len(args.sources) < 2:
         ap.error("give at least two kernel sources")
@@ -58,7 +60,12 @@ def main() -> None:
 
                 first = call("a", mats[0])
                 for tag in tags[1:]:
-                    assert torch.equal(first, call(tag, mats[0])), f"version {tag} is not bit-identical to a"
+                    other = call(tag, mats[0])
+                    if args.rounding_may_differ:
+                        err = (other - first).abs().max() / first.abs().max()
+                        assert err < 1e-5, f"version {tag} differs from a by {err:.2e} of its largest output"
+                    else:
+                        assert torch.equal(first, other), f"version {tag} is not bit-identical to a"
                 times: dict[str, list[float]] = {tag: [] for tag in tags}
                 for rep in range(15):
                     for tag in tags if rep % 2 else tags[::-1]:

@@ -197,9 +197,11 @@ def _extreme_layer(bits: int, n: int = 48, k: int = 256) -> torch.nn.Linear:
 def test_feature_matrix_each_build_against_float64(isa, bits):
     """Per build: the exact integer dot products (float64 of the same quantized operands, within float32
     accumulation of 8 groups) for random rows and for the sums that would saturate int16, and each row
-    bit-identical whatever rows share its call (1..20 rows: every remainder of the builds' row blocks)."""
+    bit-identical whatever rows share its call (1..20 rows: every remainder of the builds' row blocks). 800 inputs
+    are 25 groups: the last unit has one, and the last pair of groups its first alone."""
     torch.manual_seed(bits)
     for layer, x in ((torch.nn.Linear(256, 48, bias=True), torch.randn(20, 256) * torch.logspace(-3, 3, 20)[:, None]),
+                     (torch.nn.Linear(800, 32, bias=True), torch.randn(20, 800) * torch.logspace(-3, 3, 20)[:, None]),
                      (_extreme_layer(bits), torch.sign(torch.randn(20, 256)) * torch.logspace(-3, 3, 20)[:, None])):
         q = W4A8Linear(layer, bits=bits)
         y = q(x)

@@ -14,5 +14,6 @@ using at::kHalf;
 using at::kLong;
 constexpr auto kFloat32 = at::kFloat;
 constexpr auto kInt8 = at::kChar;
+constexpr auto kInt32 = at::kInt;
 constexpr auto kUInt8 = at::kByte;
 }  // namespace torch

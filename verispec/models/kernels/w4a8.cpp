@@ -31,8 +31,9 @@
 //   operation count (benchmarks/results/2026-11-27-epyc-avx2build-many-row-loop). On a CPU with AVX-512 VNNI
 //   but not AVX-VNNI (AMD Zen 4), the same source compiles with -mavx512vl -DVERISPEC_YMM into the EVEX form of
 //   the same instruction, so the build is tested and timed there.
-// All compute each group's exact integer dot product, and then the same float32 epilogue in the same order
-// (two FMAs a group, one at the end), lane by lane: their outputs are bit-identical.
+// All compute the same integers (a unit's dot products times their step codes, summed, and its offsets' sum), and
+// then the same float32 epilogue in the same order (two FMAs a unit, one at the end), lane by lane: their outputs
+// are bit-identical.
 //
 // Every row is computed by the same instruction sequence whatever the other rows are, so a token's output
 // does not depend on how many tokens share the forward (exact greedy speculation needs that).
@@ -62,6 +63,13 @@ constexpr int kPrefetchL1 = 4096;
 
 inline int32_t x4(const int8_t* x) { return *reinterpret_cast<const int32_u*>(x); }
 
+// Group g's sum of activation codes (|sum| <= 32 * 127) into its pair's int32: group 2j in the low int16, 2j + 1 in
+// the high one (0 where the row has no group 2j + 1), the operand of the offsets' int16 pair products.
+inline void put_sum(int32_t* xsum2, int64_t g, int32_t sum) {
+  const uint32_t half = static_cast<uint16_t>(sum);
+  xsum2[g / 2] = static_cast<int32_t>(g % 2 ? static_cast<uint32_t>(xsum2[g / 2]) | half << 16 : half);
+}
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(VERISPEC_YMM)
 constexpr const char* kIsa = "avx512";
 constexpr int kRows = 8;  // rows per pass over a weight block: 8 x (int + float) accumulators fit the 32 registers
@@ -72,9 +80,9 @@ inline __m512 bf16x16(const uint16_t* p) {  // 16 bf16 values as float32: their 
 }
 
 // A row's per-row symmetric int8 codes q = nearbyint(x / scale), scale = max |x| / 127 (1 for a zero row), and
-// each group of 32's sum of codes; returns the scale. Exact integer work and one float multiply a lane, so the
-// AVX2 build's loop gives the same bytes. K % 32 == 0.
-inline float quantize_row(const float* x, int64_t K, int8_t* q, float* xsum) {
+// each group of 32's sum of codes (put_sum); returns the scale. Exact integer work and one float multiply a lane,
+// so the AVX2 build's loop gives the same bytes. K % 32 == 0.
+inline float quantize_row(const float* x, int64_t K, int8_t* q, int32_t* xsum2) {
   __m512 mx = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k += 16) mx = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + k)), mx);  // NaN: skipped
   const float amax = _mm512_reduce_max_ps(mx);
@@ -85,57 +93,73 @@ inline float quantize_row(const float* x, int64_t K, int8_t* q, float* xsum) {
     const __m512i b = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + g * 32 + 16), inv));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * 32), _mm512_cvtepi32_epi8(a));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * 32 + 16), _mm512_cvtepi32_epi8(b));
-    xsum[g] = static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(a, b)));
+    put_sum(xsum2, g, _mm512_reduce_add_epi32(_mm512_add_epi32(a, b)));
   }
   return scale;
 }
 
+// The epilogue in integers, a unit (8 groups) at a time: each group's exact dot product times its step code a, summed
+// over the unit in int32 (|sum| <= 8 * 255 * 32 * 255 * 127 < 2^31 with 8-bit codes), and the unit's offsets as
+// sum b * (the group's sum of activation codes) by int16 pairs; then two float FMAs a unit: acc += float(sum) * S,
+// acc += float(offsets) * O. Every build computes the same integers and float steps, so their outputs stay
+// bit-identical. Why: a group's two FMAs took a vpdpbusd slot each, its vpmulld takes one; a 7-token forward 4% and a
+// prefill 6% shorter than with the float epilogue of each group (benchmarks/results/2026-11-28-epyc-integer-epilogue).
 template <int R, int BITS>
-void block(const uint8_t* w, const uint8_t* c, const uint16_t* u, const int8_t* xq, const float* xsum,
+void block(const uint8_t* w, const uint8_t* c, const uint16_t* u, const int8_t* xq, const int32_t* xsum2,
            const float* sx, const float* bias, int64_t K, float* y, int64_t ldy) {
-  const int64_t G = K / 32;
+  const int64_t G = K / 32, G2 = (G + 1) / 2;
   const __m512i nib = _mm512_set1_epi8(0x0F);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < G; ++g) {
-    __m512i dot[R];
-    for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
-    constexpr int kGroupBytes = 16 * 32 * BITS / 8;
-    const uint8_t* wg = w + g * kGroupBytes;
-    for (int t = 0; t < kGroupBytes; t += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(wg + kPrefetch + t), _MM_HINT_T1);
-    for (int t = 0; t < (BITS == 6 ? 4 : kGroupBytes / 64); ++t) {  // 6 bits: the 4 nibble blocks drive it
-      const __m512i v = _mm512_loadu_si512(wg + t * 64);
-      if constexpr (BITS == 4 || BITS == 6) {
-        __m512i lo = _mm512_and_si512(v, nib);
-        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-        if constexpr (BITS == 6) {  // or in the top 2 bits, moved to bits 4-5: lo's are field 2 (t % 2), hi's the next
-          const __m512i top = _mm512_loadu_si512(wg + 256 + (t / 2) * 64), m = _mm512_set1_epi8(0x30);
-          const __m512i tl = t % 2 ? top : _mm512_slli_epi16(top, 4);
-          const __m512i th = t % 2 ? _mm512_srli_epi16(top, 2) : _mm512_slli_epi16(top, 2);
-          lo = _mm512_ternarylogic_epi32(lo, tl, m, 0xF8);  // lo | (tl & m)
-          hi = _mm512_ternarylogic_epi32(hi, th, m, 0xF8);
+  for (int64_t g0 = 0; g0 < G; g0 += kUnitGroups) {
+    const int64_t g1 = std::min<int64_t>(G, g0 + kUnitGroups);
+    __m512i sum[R], off[R];
+    for (int r = 0; r < R; ++r) sum[r] = off[r] = _mm512_setzero_si512();
+    for (int64_t g = g0; g < g1; ++g) {
+      __m512i dot[R];
+      for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+      constexpr int kGroupBytes = 16 * 32 * BITS / 8;
+      const uint8_t* wg = w + g * kGroupBytes;
+      for (int t = 0; t < kGroupBytes; t += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(wg + kPrefetch + t), _MM_HINT_T1);
+      for (int t = 0; t < (BITS == 6 ? 4 : kGroupBytes / 64); ++t) {  // 6 bits: the 4 nibble blocks drive it
+        const __m512i v = _mm512_loadu_si512(wg + t * 64);
+        if constexpr (BITS == 4 || BITS == 6) {
+          __m512i lo = _mm512_and_si512(v, nib);
+          __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+          if constexpr (BITS == 6) {  // or in the top 2 bits, moved to bits 4-5: lo's are field 2 (t % 2), hi's the next
+            const __m512i top = _mm512_loadu_si512(wg + 256 + (t / 2) * 64), m = _mm512_set1_epi8(0x30);
+            const __m512i tl = t % 2 ? top : _mm512_slli_epi16(top, 4);
+            const __m512i th = t % 2 ? _mm512_srli_epi16(top, 2) : _mm512_slli_epi16(top, 2);
+            lo = _mm512_ternarylogic_epi32(lo, tl, m, 0xF8);  // lo | (tl & m)
+            hi = _mm512_ternarylogic_epi32(hi, th, m, 0xF8);
+          }
+          for (int r = 0; r < R; ++r) {  // 4 activation bytes broadcast to every lane, folded into the dot product
+            const int8_t* x = xq + r * K + g * 32 + t * 8;
+            dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(x4(x)));
+            dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(x4(x + 4)));
+          }
+        } else {
+          for (int r = 0; r < R; ++r)
+            dot[r] = _mm512_dpbusd_epi32(dot[r], v, _mm512_set1_epi32(x4(xq + r * K + g * 32 + t * 4)));
         }
-        for (int r = 0; r < R; ++r) {  // 4 activation bytes broadcast to every lane, folded into the dot product
-          const int8_t* x = xq + r * K + g * 32 + t * 8;
-          dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(x4(x)));
-          dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(x4(x + 4)));
-        }
-      } else {
-        for (int r = 0; r < R; ++r)
-          dot[r] = _mm512_dpbusd_epi32(dot[r], v, _mm512_set1_epi32(x4(xq + r * K + g * 32 + t * 4)));
       }
+      const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + g * 32)));
+      for (int r = 0; r < R; ++r) sum[r] = _mm512_add_epi32(sum[r], _mm512_mullo_epi32(dot[r], a));
     }
-    const uint16_t* ug = u + (g / kUnitGroups) * 32;
-    const __m512 sv = _mm512_mul_ps(
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + g * 32)))),
-        bf16x16(ug));
-    const __m512 ov = _mm512_mul_ps(
-        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + g * 32 + 16)))),
-        bf16x16(ug + 16));
+    for (int64_t g = g0; g < g1; g += 2) {  // b of groups g and g + 1 as int16 pairs, times the rows' code sums
+      const auto b = [&](int64_t i) {
+        return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + i * 32 + 16)));
+      };
+      const __m512i bp = _mm512_mask_blend_epi16(0xAAAAAAAA, b(g), g + 1 < g1 ? _mm512_slli_epi32(b(g + 1), 16)
+                                                                             : _mm512_setzero_si512());
+      for (int r = 0; r < R; ++r) off[r] = _mm512_dpwssd_epi32(off[r], bp, _mm512_set1_epi32(xsum2[r * G2 + g / 2]));
+    }
+    const uint16_t* ug = u + (g0 / kUnitGroups) * 32;
+    const __m512 S = bf16x16(ug), O = bf16x16(ug + 16);
     for (int r = 0; r < R; ++r) {
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), sv, acc[r]);
-      acc[r] = _mm512_fmadd_ps(ov, _mm512_set1_ps(xsum[r * G + g]), acc[r]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r]), S, acc[r]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(off[r]), O, acc[r]);
     }
   }
   const __m512 b = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
@@ -153,10 +177,18 @@ inline __m256i dpbusd(__m256i acc, __m256i u8s, __m256i s8s) {  // acc + each la
   return _mm256_dpbusd_epi32(acc, u8s, s8s);  // the EVEX form (AVX512VL + AVX512VNNI)
 #endif
 }
+inline __m256i dpwssd(__m256i acc, __m256i a, __m256i b) {  // acc + each lane's 2 s16 x s16 products, in int32
+#if defined(__AVXVNNI__)
+  return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+  return _mm256_dpwssd_epi32(acc, a, b);
+#endif
+}
 #else
 constexpr const char* kIsa = "avx2";
 constexpr bool kVnni = false;
 inline __m256i dpbusd(__m256i, __m256i, __m256i);  // not in this build (kVnni false: never called)
+inline __m256i dpwssd(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
 #endif
 // rows per pass: AVX2, 6 x 2 int16 sums + 4 = the 16 registers (8-bit codes); AVX-VNNI, one int32 sum a row, 8
 // (8 rows 0.81-0.87x the time of 6 + 2 on an AMD Zen 4, fewer rows the same; two sums a row, to halve the chains
@@ -169,7 +201,7 @@ inline __m256 bf16x8(const uint16_t* p) {  // 8 bf16 values as float32: their bi
 }
 
 // quantize_row of the AVX-512 build, 8 lanes at a time: the same codes, sums and scale.
-inline float quantize_row(const float* x, int64_t K, int8_t* q, float* xsum) {
+inline float quantize_row(const float* x, int64_t K, int8_t* q, int32_t* xsum2) {
   const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 mx = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; k += 8) mx = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + k), abs), mx);
@@ -192,7 +224,7 @@ inline float quantize_row(const float* x, int64_t K, int8_t* q, float* xsum) {
     _mm256_store_si256(reinterpret_cast<__m256i*>(s8), sum);
     int32_t total = 0;
     for (int i = 0; i < 8; ++i) total += s8[i];
-    xsum[g] = static_cast<float>(total);
+    put_sum(xsum2, g, total);
   }
   return scale;
 }
@@ -201,81 +233,104 @@ inline float quantize_row(const float* x, int64_t K, int8_t* q, float* xsum) {
 template <int R, int BITS>
 constexpr bool kUnroll = BITS == 6 && R <= 2;
 
+// The AVX-512 build's integer epilogue: a group's step code a goes into the widening vpmaddwd as an int16 pair (a, a)
+// (vpmulld where VNNI sums in int32), the unit's offsets by int16 pairs. A 5-token forward 7% and a prefill 8%
+// shorter than with a float epilogue per group: fewer of the operations that bound this build's many-row blocks.
 template <int R, int BITS>
-void block(const uint8_t* w, const uint8_t* c, const uint16_t* u, const int8_t* xq, const float* xsum,
+void block(const uint8_t* w, const uint8_t* c, const uint16_t* u, const int8_t* xq, const int32_t* xsum2,
            const float* sx, const float* bias, int64_t K, float* y, int64_t ldy) {
-  const int64_t G = K / 32;
+  const int64_t G = K / 32, G2 = (G + 1) / 2;
   const __m256i nib = _mm256_set1_epi8(0x0F);
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < G; ++g) {
-    constexpr int kGroupBytes = 16 * 32 * BITS / 8;
-    const uint8_t* wg = w + g * kGroupBytes;
-    for (int t = 0; t < kGroupBytes; t += 64) {  // L2 for one row (bound by memory), L1 for more (by arithmetic)
-      if constexpr (R == 1) _mm_prefetch(reinterpret_cast<const char*>(wg + kPrefetch + t), _MM_HINT_T1);
-      else _mm_prefetch(reinterpret_cast<const char*>(wg + kPrefetchL1 + t), _MM_HINT_T0);
-    }
-    const int8_t* xg = xq + g * 32;
-    for (int h = 0; h < 2; ++h) {  // a half is 8 columns; the second half's bytes are in L1 by then
-      // int16 sums of u8 x s8 pairs; with 8 bits, lo holds the low nibbles' and hi the high nibbles'; with 6, d32
-      // holds int32 sums (a 6-bit code's pair sum, <= 2 * 63 * 128 = 16128, leaves room for one more in int16)
-      __m256i lo16[R], hi16[R], d32[R];
-      for (int r = 0; r < R; ++r) lo16[r] = hi16[r] = d32[r] = _mm256_setzero_si256();
-      const auto step = [&](const int t) __attribute__((always_inline)) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + t * 64 + h * 32));
-        __m256i lo = _mm256_and_si256(v, nib);
-        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-        if constexpr (BITS == 6) {  // or in the top 2 bits, moved to bits 4-5: lo's are field 2 (t % 2), hi's the next
-          const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 256 + (t / 2) * 64 + h * 32));
-          const __m256i m = _mm256_set1_epi8(0x30);
-          const __m256i tl = t % 2 ? top : _mm256_slli_epi16(top, 4);
-          const __m256i th = t % 2 ? _mm256_srli_epi16(top, 2) : _mm256_slli_epi16(top, 2);
-          lo = _mm256_or_si256(lo, _mm256_and_si256(tl, m));
-          hi = _mm256_or_si256(hi, _mm256_and_si256(th, m));
-        }
-        for (int r = 0; r < R; ++r) {
-          if constexpr (kVnni && BITS == 8) {  // whole bytes: 4 products a lane in int32, no nibbles
-            d32[r] = dpbusd(d32[r], v, _mm256_set1_epi32(x4(xg + r * K + t * 4)));
-          } else if constexpr (kVnni) {  // 4 or 6 bits: low nibbles (or fields) weigh inputs j, high ones 4 + j
-            const int8_t* x = xg + r * K + t * 8;
-            d32[r] = dpbusd(dpbusd(d32[r], lo, _mm256_set1_epi32(x4(x))), hi, _mm256_set1_epi32(x4(x + 4)));
-          } else if constexpr (BITS == 6) {  // two pair sums in int16 (<= 32256), then into int32
-            const int8_t* x = xg + r * K + t * 8;
-            const __m256i pair = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4(x))),
-                                                  _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4(x + 4))));
-            d32[r] = _mm256_add_epi32(d32[r], _mm256_madd_epi16(pair, _mm256_set1_epi16(1)));
-          } else if constexpr (BITS == 4) {  // low nibbles: inputs j, high nibbles: inputs 4 + j; one int16 sum for both
-            const int8_t* x = xg + r * K + t * 8;
-            lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4(x))));
-            lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4(x + 4))));
-          } else {  // both nibbles of a byte weigh the same input
-            const __m256i xa = _mm256_set1_epi32(x4(xg + r * K + t * 4));
-            lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(lo, xa));
-            hi16[r] = _mm256_add_epi16(hi16[r], _mm256_maddubs_epi16(hi, xa));
-          }
-        }
-      };
-      constexpr int kSteps = BITS == 6 ? 4 : kGroupBytes / 64;
-      if constexpr (kUnroll<R, BITS>) {
-#pragma GCC unroll 4
-        for (int t = 0; t < kSteps; ++t) step(t);
-      } else {
-#pragma GCC unroll 1
-        for (int t = 0; t < kSteps; ++t) step(t);
+  for (int64_t g0 = 0; g0 < G; g0 += kUnitGroups) {
+    const int64_t g1 = std::min<int64_t>(G, g0 + kUnitGroups);
+    __m256i sums[R][2];
+    for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
+    for (int64_t g = g0; g < g1; ++g) {
+      constexpr int kGroupBytes = 16 * 32 * BITS / 8;
+      const uint8_t* wg = w + g * kGroupBytes;
+      for (int t = 0; t < kGroupBytes; t += 64) {  // L2 for one row (bound by memory), L1 for more (by arithmetic)
+        if constexpr (R == 1) _mm_prefetch(reinterpret_cast<const char*>(wg + kPrefetch + t), _MM_HINT_T1);
+        else _mm_prefetch(reinterpret_cast<const char*>(wg + kPrefetchL1 + t), _MM_HINT_T0);
       }
-      const uint16_t* ug = u + (g / kUnitGroups) * 32 + h * 8;
-      const __m256 sv = _mm256_mul_ps(
-          _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + g * 32 + h * 8)))),
-          bf16x8(ug));
-      const __m256 ov = _mm256_mul_ps(
-          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + g * 32 + 16 + h * 8)))),
-          bf16x8(ug + 16));
+      const int8_t* xg = xq + g * 32;
+      for (int h = 0; h < 2; ++h) {  // a half is 8 columns; the second half's bytes are in L1 by then
+        const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + g * 32 + h * 8)));
+        const __m256i ap = _mm256_or_si256(a, _mm256_slli_epi32(a, 16));  // (a, a) as int16
+        // int16 sums of u8 x s8 pairs; with 8 bits, lo holds the low nibbles' and hi the high nibbles'; with 6, d32
+        // holds int32 sums, a already in (a 6-bit code's pair sum, <= 2 * 63 * 128 = 16128, leaves room for one more
+        // in int16); with VNNI, d32 holds the dot product
+        __m256i lo16[R], hi16[R], d32[R];
+        for (int r = 0; r < R; ++r) lo16[r] = hi16[r] = d32[r] = _mm256_setzero_si256();
+        const auto step = [&](const int t) __attribute__((always_inline)) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + t * 64 + h * 32));
+          __m256i lo = _mm256_and_si256(v, nib);
+          __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+          if constexpr (BITS == 6) {  // or in the top 2 bits, moved to bits 4-5: lo's are field 2 (t % 2), hi's the next
+            const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 256 + (t / 2) * 64 + h * 32));
+            const __m256i m = _mm256_set1_epi8(0x30);
+            const __m256i tl = t % 2 ? top : _mm256_slli_epi16(top, 4);
+            const __m256i th = t % 2 ? _mm256_srli_epi16(top, 2) : _mm256_slli_epi16(top, 2);
+            lo = _mm256_or_si256(lo, _mm256_and_si256(tl, m));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(th, m));
+          }
+          for (int r = 0; r < R; ++r) {
+            if constexpr (kVnni && BITS == 8) {  // whole bytes: 4 products a lane in int32, no nibbles
+              d32[r] = dpbusd(d32[r], v, _mm256_set1_epi32(x4(xg + r * K + t * 4)));
+            } else if constexpr (kVnni) {  // 4 or 6 bits: low nibbles (or fields) weigh inputs j, high ones 4 + j
+              const int8_t* x = xg + r * K + t * 8;
+              d32[r] = dpbusd(dpbusd(d32[r], lo, _mm256_set1_epi32(x4(x))), hi, _mm256_set1_epi32(x4(x + 4)));
+            } else if constexpr (BITS == 6) {  // two pair sums in int16 (<= 32256), then into int32 times a
+              const int8_t* x = xg + r * K + t * 8;
+              const __m256i pair = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4(x))),
+                                                    _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4(x + 4))));
+              d32[r] = _mm256_add_epi32(d32[r], _mm256_madd_epi16(pair, ap));
+            } else if constexpr (BITS == 4) {  // low nibbles: inputs j, high nibbles: inputs 4 + j; one int16 sum for both
+              const int8_t* x = xg + r * K + t * 8;
+              lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4(x))));
+              lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4(x + 4))));
+            } else {  // both nibbles of a byte weigh the same input
+              const __m256i xa = _mm256_set1_epi32(x4(xg + r * K + t * 4));
+              lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(lo, xa));
+              hi16[r] = _mm256_add_epi16(hi16[r], _mm256_maddubs_epi16(hi, xa));
+            }
+          }
+        };
+        constexpr int kSteps = BITS == 6 ? 4 : kGroupBytes / 64;
+        if constexpr (kUnroll<R, BITS>) {
+#pragma GCC unroll 4
+          for (int t = 0; t < kSteps; ++t) step(t);
+        } else {
+#pragma GCC unroll 1
+          for (int t = 0; t < kSteps; ++t) step(t);
+        }
+        for (int r = 0; r < R; ++r) {  // the group's dot product times a, into the unit's sum
+          __m256i& sr = sums[r][h];
+          if constexpr (kVnni) sr = _mm256_add_epi32(sr, _mm256_mullo_epi32(d32[r], a));
+          else if constexpr (BITS == 6) sr = _mm256_add_epi32(sr, d32[r]);
+          else sr = _mm256_add_epi32(sr, _mm256_madd_epi16(lo16[r], ap));
+          if constexpr (!kVnni && BITS == 8)  // the high nibbles weigh 16 times: (16 a, 16 a), 16 a <= 4080
+            sr = _mm256_add_epi32(sr, _mm256_madd_epi16(hi16[r], _mm256_slli_epi16(ap, 4)));
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      __m256i off[R];
+      for (int r = 0; r < R; ++r) off[r] = _mm256_setzero_si256();
+      for (int64_t g = g0; g < g1; g += 2) {  // b of groups g and g + 1 as int16 pairs, times the rows' code sums
+        const auto b = [&](int64_t i) {
+          return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + i * 32 + 16 + h * 8)));
+        };
+        const __m256i bp = _mm256_blend_epi16(b(g), g + 1 < g1 ? _mm256_slli_epi32(b(g + 1), 16)
+                                                               : _mm256_setzero_si256(), 0xAA);
+        for (int r = 0; r < R; ++r) off[r] = dpwssd(off[r], bp, _mm256_set1_epi32(xsum2[r * G2 + g / 2]));
+      }
+      const uint16_t* ug = u + (g0 / kUnitGroups) * 32 + h * 8;
+      const __m256 S = bf16x8(ug), O = bf16x8(ug + 16);
       for (int r = 0; r < R; ++r) {
-        __m256i dot = d32[r];
-        if constexpr (!kVnni && BITS != 6) dot = _mm256_madd_epi16(lo16[r], _mm256_set1_epi16(1));  // two int16 sums
-        if constexpr (!kVnni && BITS == 8) dot = _mm256_add_epi32(dot, _mm256_madd_epi16(hi16[r], _mm256_set1_epi16(16)));
-        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sv, acc[r][h]);
-        acc[r][h] = _mm256_fmadd_ps(ov, _mm256_set1_ps(xsum[r * G + g]), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r][h]), S, acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(off[r]), O, acc[r][h]);
       }
     }
   }
@@ -290,7 +345,7 @@ void block(const uint8_t* w, const uint8_t* c, const uint16_t* u, const int8_t* 
 #error "build with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mf16c, or with -mavx2 -mfma -mf16c [-mavxvnni]"
 #endif
 
-using BlockFn = void (*)(const uint8_t*, const uint8_t*, const uint16_t*, const int8_t*, const float*,
+using BlockFn = void (*)(const uint8_t*, const uint8_t*, const uint16_t*, const int8_t*, const int32_t*,
                          const float*, const float*, int64_t, float*, int64_t);
 
 template <int BITS, int... R>
@@ -320,15 +375,16 @@ torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor codes, tor
               "units: bfloat16 [N / 16, ceil(K / 256), 32]");
   TORCH_CHECK(bias.numel() == 0 || (bias.scalar_type() == torch::kFloat32 && bias.numel() == N), "bias: [N] float32");
   auto xq = torch::empty({M, K}, torch::kInt8);
-  auto xsum = torch::empty({M, G}, torch::kFloat32);
+  const int64_t G2 = (G + 1) / 2;
+  auto xsum = torch::empty({M, G2}, torch::kInt32);
   auto sx = torch::empty({M}, torch::kFloat32);
   const float* xp = x.data_ptr<float>();
   int8_t* qp = xq.data_ptr<int8_t>();
-  float* xs = xsum.data_ptr<float>();
+  int32_t* xs = xsum.data_ptr<int>();
   float* sp = sx.data_ptr<float>();
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)  // per-row symmetric int8: a row's quantization ignores the other rows
-      sp[m] = quantize_row(xp + m * K, K, qp + m * K, xs + m * G);
+      sp[m] = quantize_row(xp + m * K, K, qp + m * K, xs + m * G2);
   });
   auto y = torch::empty({M, N}, torch::kFloat32);
   float* yp = y.data_ptr<float>();
@@ -340,7 +396,7 @@ torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor codes, tor
     for (int64_t nb = b0; nb < b1; ++nb) {
       for (int64_t m = 0; m < M; m += kRows) {
         const int r = static_cast<int>(std::min<int64_t>(kRows, M - m));
-        run[r](wp + nb * K * bits * 2, cp + nb * G * 32, up + nb * U * 32, qp + m * K, xs + m * G, sp + m,
+        run[r](wp + nb * K * bits * 2, cp + nb * G * 32, up + nb * U * 32, qp + m * K, xs + m * G2, sp + m,
                    bp ? bp + nb * 16 : nullptr, K, yp + m * N + nb * 16, N);
       }
     }
