@@ -15,6 +15,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch.utils import cpp_extension
@@ -22,6 +23,19 @@ from torch.utils import cpp_extension
 from verispec.models import kernels
 from verispec.models.kernels import ISA_CFLAGS, isa_cflags
 from verispec.models.quant import W4A8Linear
+
+
+def build_version(src: str, isa: str, tag: str) -> ModuleType:
+    """The kernel module with `src` in place of w4a8.cpp (the package's other sources and headers, its flags for
+    `isa`), compiled under its own name so that several versions load into one process."""
+    here = Path(kernels.__file__).parent
+    build = Path(tempfile.mkdtemp(prefix=f"kernel-ab-{tag}-"))
+    copy = build / f"w4a8_{tag}.cpp"
+    copy.write_text(Path(src).read_text())
+    others = [str(here / name) for name in kernels.SOURCES if name != "w4a8.cpp"]
+    return cpp_extension.load(name=f"kernel_ab_{isa}_{tag}", sources=[str(copy), *others],
+                              extra_cflags=[*isa_cflags(isa), f"-I{here}"], extra_ldflags=kernels.LDFLAGS,
+                              build_directory=str(build))
 
 
 def main() -> None:
@@ -37,16 +51,7 @@ def main() -> None:
     if len(args.sources) < 2:
         ap.error("give at least two kernel sources")
     tags = [chr(ord("a") + i) for i in range(len(args.sources))]
-    mods = {}
-    here = Path(kernels.__file__).parent  # the other sources and the headers, as the package builds them
-    for tag, src in zip(tags, args.sources):
-        build = Path(tempfile.mkdtemp(prefix=f"kernel-ab-{tag}-"))
-        copy = build / f"w4a8_{tag}.cpp"
-        copy.write_text(Path(src).read_text())
-        others = [str(here / name) for name in kernels.SOURCES if name != "w4a8.cpp"]
-        mods[tag] = cpp_extension.load(name=f"kernel_ab_{args.isa}_{tag}", sources=[str(copy), *others],
-                                       extra_cflags=[*isa_cflags(args.isa), f"-I{here}"],
-                                       extra_ldflags=kernels.LDFLAGS, build_directory=str(build))
+    mods = {tag: build_version(src, args.isa, tag) for tag, src in zip(tags, args.sources)}
     torch.manual_seed(0)
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))

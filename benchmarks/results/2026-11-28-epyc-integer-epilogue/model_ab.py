@@ -14,31 +14,19 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
-from torch.utils import cpp_extension
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from kernel_ab import build_version  # noqa: E402
 from step_ab import filled_caches  # noqa: E402
 
 from verispec.models import kernels  # noqa: E402
-from verispec.models.kernels import ISA_ENV, isa_cflags, kernel_isa  # noqa: E402
+from verispec.models.kernels import ISA_ENV, kernel_isa  # noqa: E402
 from verispec.models.load import default_threads, load  # noqa: E402
 from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
-
-
-def older_build(src: str, isa: str):
-    here = Path(kernels.__file__).parent
-    build = Path(tempfile.mkdtemp(prefix="model-ab-"))
-    copy = build / "w4a8_before.cpp"
-    copy.write_text(Path(src).read_text())
-    others = [str(here / name) for name in kernels.SOURCES if name != "w4a8.cpp"]
-    return cpp_extension.load(name=f"model_ab_{isa}_before", sources=[str(copy), *others],
-                              extra_cflags=[*isa_cflags(isa), f"-I{here}"], extra_ldflags=kernels.LDFLAGS,
-                              build_directory=str(build))
 
 
 def main() -> int:
@@ -52,7 +40,7 @@ def main() -> int:
     default_threads()
     isa = kernel_isa()
     key = os.environ.get(ISA_ENV)
-    builds = {"before": older_build(args.before, isa), "after": kernels.w4a8()}
+    builds = {"before": build_version(args.before, isa, "before"), "after": kernels.w4a8()}
     models = {"target": load(DEFAULT_TARGET, dtype="w4a8").model, "draft": load(DEFAULT_DRAFT, dtype="w4a8-4bit").model}
     gen = torch.Generator().manual_seed(0)
     caches = filled_caches(models, args.context, gen)
