@@ -25,14 +25,16 @@ from verispec.models.kernels import ISA_CFLAGS, isa_cflags
 from verispec.models.quant import W4A8Linear
 
 
-def build_version(src: str, isa: str, tag: str) -> ModuleType:
-    """The kernel module with `src` in place of w4a8.cpp (the package's other sources and headers, its flags for
-    `isa`), compiled under its own name so that several versions load into one process."""
+def build_version(src: str, isa: str, tag: str, replaces: str = "w4a8.cpp") -> ModuleType:
+    """The kernel module with `src` in place of the package's source `replaces` (its other sources and headers, its
+    flags for `isa`), compiled under its own name so that several versions load into one process."""
     here = Path(kernels.__file__).parent
+    if replaces not in kernels.SOURCES:
+        raise ValueError(f"{replaces!r} is not one of the kernel's sources ({', '.join(kernels.SOURCES)})")
     build = Path(tempfile.mkdtemp(prefix=f"kernel-ab-{tag}-"))
-    copy = build / f"w4a8_{tag}.cpp"
+    copy = build / f"{Path(replaces).stem}_{tag}.cpp"
     copy.write_text(Path(src).read_text())
-    others = [str(here / name) for name in kernels.SOURCES if name != "w4a8.cpp"]
+    others = [str(here / name) for name in kernels.SOURCES if name != replaces]
     return cpp_extension.load(name=f"kernel_ab_{isa}_{tag}", sources=[str(copy), *others],
                               extra_cflags=[*isa_cflags(isa), f"-I{here}"], extra_ldflags=kernels.LDFLAGS,
                               build_directory=str(build))

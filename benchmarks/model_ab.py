@@ -1,7 +1,8 @@
-"""The default pair's forwards with the w4a8 kernel built from an older source against the package's, interleaved.
+"""The default pair's forwards with the kernel built from an older source against the package's, interleaved.
 
     git show a79e17b:verispec/models/kernels/w4a8.cpp > /tmp/before.cpp
-    [VERISPEC_KERNEL_ISA=avx2] python model_ab.py /tmp/before.cpp [--sizes 1,2,3,5,7] [--prefill 300] [--reps 15]
+    [VERISPEC_KERNEL_ISA=avx2] python benchmarks/model_ab.py /tmp/before.cpp [--replaces w4a8.cpp] [--sizes 1,2,3,5,7]
+        [--prefill 300] [--reps 15]
 
 Median ms of a target forward over k new tokens on a --context-token cache, a draft step, and a --prefill-token
 target prefill, each with both builds in alternating order within a repetition (one untimed forward after a
@@ -19,19 +20,21 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernel_ab import build_version  # noqa: E402
 from step_ab import filled_caches  # noqa: E402
 
 from verispec.models import kernels  # noqa: E402
-from verispec.models.kernels import ISA_ENV, kernel_isa  # noqa: E402
+from verispec.models.kernels import ISA_ENV, cpu_model, kernel_isa  # noqa: E402
 from verispec.models.load import default_threads, load  # noqa: E402
 from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("before", help="the older w4a8.cpp")
+    ap.add_argument("before", help="the older source")
+    ap.add_argument("--replaces", default="w4a8.cpp", help="the package's source it stands in for (w4a8.cpp, "
+                    "attention.cpp, layer.cpp)")
     ap.add_argument("--context", type=int, default=400)
     ap.add_argument("--sizes", default="1,2,3,5,7")
     ap.add_argument("--prefill", type=int, default=300)
@@ -40,7 +43,7 @@ def main() -> int:
     default_threads()
     isa = kernel_isa()
     key = os.environ.get(ISA_ENV)
-    builds = {"before": build_version(args.before, isa, "before"), "after": kernels.w4a8()}
+    builds = {"before": build_version(args.before, isa, "before", replaces=args.replaces), "after": kernels.w4a8()}
     models = {"target": load(DEFAULT_TARGET, dtype="w4a8").model, "draft": load(DEFAULT_DRAFT, dtype="w4a8-4bit").model}
     gen = torch.Generator().manual_seed(0)
     caches = filled_caches(models, args.context, gen)
@@ -58,6 +61,7 @@ def main() -> int:
                 model.forward(x, cache, last_n=1 if name == "prefill" else k)  # commits nothing
                 if rep >= 2:
                     times[(name, k, b)].append(time.perf_counter() - t0)
+    print(f"{cpu_model()}; {args.replaces} of {args.before} against the package's")
     print(f"kernel build {isa}, {torch.get_num_threads()} threads; context {args.context}; {args.reps} repetitions, "
           "interleaved; median ms\n")
     print("| forward | tokens | before ms | after ms | after / before | before: × its step | after: × its step |")
