@@ -17,7 +17,7 @@ import time
 import torch
 from kernel_ab import build_version
 
-from verispec.models.kernels import cpu_model, w4a8
+from verispec.models.kernels import ISA_CFLAGS, cpu_model, w4a8
 
 # (name, query heads, key heads, head size, keys, queries): the 0.5B draft (14 / 2 heads of 64), the 1.5B target
 # (12 / 2 of 128)
@@ -49,14 +49,14 @@ def check(old, new) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("old", help="the older attention.cpp")
-    ap.add_argument("--isa", default="avx512", choices=["avx512", "avxvnni", "avx2"])
+    ap.add_argument("--isa", default="avx512", choices=list(ISA_CFLAGS))
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--hot", action="store_true", help="keys and values left in the caches between calls")
     args = ap.parse_args()
     old, new = build_version(args.old, args.isa, "old", replaces="attention.cpp"), w4a8(args.isa)
     print(f"{cpu_model()}, kernel build {args.isa}, {torch.get_num_threads()} threads")
     print(f"same bits in {check(old, new)} cases (causal, tree-like and empty masks; 1-2 rows)\n")
-    evict = torch.ones(16 << 20)  # 64 MB read between calls (clean lines, as weights leave them): keys and values come from memory
+    evict = torch.ones(16 << 20)  # 64 MB read between calls, clean lines as weights leave them: keys, values in memory
     print("| shape | old µs | new µs | new / old |\n|---|---|---|---|")
     for name, h, kv, d, s, t in SHAPES:
         q, k, v = torch.randn(1, h, t, d), torch.randn(1, kv, s, d), torch.randn(1, kv, s, d)
@@ -70,7 +70,8 @@ def main() -> None:
                 mod.attention(q, k, v, mask, d ** -0.5)
                 times[tag].append(time.perf_counter() - t0)
         a, z = (statistics.median(times[x]) for x in ("old", "new"))
-        print(f"| {name} ({h}/{kv} heads of {d}, {s} keys, {t} queries) | {1e6 * a:.1f} | {1e6 * z:.1f} | {z / a:.2f} |")
+        shape = f"{name} ({h}/{kv} heads of {d}, {s} keys, {t} queries)"
+        print(f"| {shape} | {1e6 * a:.1f} | {1e6 * z:.1f} | {z / a:.2f} |")
 
 
 if __name__ == "__main__":

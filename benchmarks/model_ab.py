@@ -33,8 +33,8 @@ from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("before", help="the older source")
-    ap.add_argument("--replaces", default="w4a8.cpp", help="the package's source it stands in for (w4a8.cpp, "
-                    "attention.cpp, layer.cpp)")
+    ap.add_argument("--replaces", default="w4a8.cpp", choices=kernels.SOURCES,
+                    help="the package's source it stands in for")
     ap.add_argument("--context", type=int, default=400)
     ap.add_argument("--sizes", default="1,2,3,5,7")
     ap.add_argument("--prefill", type=int, default=300)
