@@ -12,9 +12,9 @@ table: our default over its plain decoding, its speculative decoding with the dr
 request), its speculative over its plain decoding, and in how many greedy prompts its speculative output differs
 from its plain output.
 """
-import json, sys, math, collections
+import gzip, json, sys, math, collections
 path = sys.argv[1]
-rows = [json.loads(l) for l in open(path)]
+rows = [json.loads(l) for l in (gzip.open if path.endswith('.gz') else open)(path, 'rt')]
 def dec(r):
     return (r['new_tokens'] - 1) / (r['seconds'] - r['ttft_s']) if r['ttft_s'] is not None and r['new_tokens'] > 1 else None
 by = collections.defaultdict(dict)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import random
@@ -248,6 +249,16 @@ def test_bench_command_end_to_end(pair, prompts_file, tmp_path, capsys):
                {k: v for k, v in b.items() if not k.startswith(timing)}
         assert a["tokens_per_s"] == pytest.approx(b["tokens_per_s"], rel=0.02)
     assert "## greedy: all prompts" in stdout
+    # results folders keep these files gzipped: theory and --rerender read them so
+    for name in ("report.json", "runs.jsonl"):
+        (out / (name + ".gz")).write_bytes(gzip.compress((out / name).read_bytes()))
+        (out / name).unlink()
+    code, stdout, _ = run_inline(capsys, "theory", "--report", str(out))
+    assert code == 0 and "draft, T=0.0: measured per-token alpha" in stdout
+    (out / "report.md").unlink()
+    code, _, err = run_inline(capsys, "bench", "--rerender", str(out))
+    assert code == 0, err
+    assert len(json.loads((out / "report.json").read_text())["runs"]) == len(report["runs"])
     code, _, err = run_inline(capsys, "bench", "--rerender", str(tmp_path / "nothing-here"))
     assert code == 2 and "no recorded runs" in err and len(err.strip().splitlines()) == 1
 

@@ -8,6 +8,7 @@ tokens of g / k each (the first arrival is the time to first token, reported on 
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import defaultdict
 from collections.abc import Sequence
@@ -21,6 +22,19 @@ from verispec.metrics import alpha_iid
 from verispec.theory import expected_tokens, interpolate_cost, optimal_gamma, predicted_speedup
 
 ALL = "all"
+
+
+def recorded(path: Path) -> Path | None:
+    """`path`, or its gzipped copy `path.gz` (how results folders keep their large files), or None."""
+    for p in (path, path.with_name(path.name + ".gz")):
+        if p.exists():
+            return p
+    return None
+
+
+def read_recorded(path: Path) -> str:
+    """The text of a recorded file, plain or gzipped (by its `.gz` suffix)."""
+    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
 
 
 @dataclass

@@ -169,17 +169,18 @@ def _references(target, prompts: list[list[int]], max_new_tokens: int, progress:
 
 
 def rerender(out: Path) -> dict[str, Path]:
-    """Rebuild a report from the runs recorded in `out` (runs.jsonl, else report.json), with today's report code.
+    """Rebuild a report from the runs recorded in `out` (runs.jsonl, else report.json; either may be gzipped), with
+    today's report code.
 
     A peer's rounds count only for its plain decoding: its streamer's chunks are not verification rounds
     (older reports recorded them anyway)."""
-    from verispec.bench.report import write_report
+    from verispec.bench.report import read_recorded, recorded, write_report
     from verispec.bench.runner import run_from_dict
 
-    report_path, log_path = out / "report.json", out / "runs.jsonl"
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
-    if log_path.exists() and log_path.stat().st_size:
-        dicts = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    report_path, log_path = recorded(out / "report.json"), recorded(out / "runs.jsonl")
+    report = json.loads(read_recorded(report_path)) if report_path else {}
+    if log_path and log_path.stat().st_size:
+        dicts = [json.loads(line) for line in read_recorded(log_path).splitlines() if line.strip()]
     else:
         dicts = report.get("runs", [])
     if not dicts:

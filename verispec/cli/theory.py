@@ -37,13 +37,15 @@ def run(args: argparse.Namespace) -> int:
 def _theory_of_report(path_text: str) -> int:
     from pathlib import Path
 
+    from verispec.bench.report import read_recorded, recorded
+
     path = Path(path_text)
-    path = path / "report.json" if path.is_dir() else path
+    path = (recorded(path / "report.json") or path / "report.json") if path.is_dir() else path
     try:
-        theory = json.loads(path.read_text())["theory"]
+        theory = json.loads(read_recorded(path))["theory"]
     except FileNotFoundError:
         fail(f"no bench report at {path}")
-    except (json.JSONDecodeError, KeyError, TypeError):
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError, EOFError, OSError):  # OSError: bad gzip
         fail(f"{path} is not a verispec bench report")
     if not theory:
         print("the report has no drafting strategy with measured acceptance")

@@ -5,14 +5,14 @@ records, no new measurement.
 
     python what_if.py <run>/runs.jsonl "auto γ=6" "llama.cpp prompt_lookup γ=2" [--goal 2.5]
 """
-import argparse, collections, json, math
+import gzip, argparse, collections, json, math
 
 ap = argparse.ArgumentParser()
 ap.add_argument("runs"), ap.add_argument("ours"), ap.add_argument("peer")
 ap.add_argument("--goal", type=float, default=2.5)
 args = ap.parse_args()
 by = collections.defaultdict(dict)
-for line in open(args.runs):
+for line in (gzip.open if args.runs.endswith('.gz') else open)(args.runs, 'rt'):
     r = json.loads(line)
     by[(r["prompt_id"], r["temperature"])][r["config"]] = r
 code = {"code_completion", "code_instruct", "code_edit"}
