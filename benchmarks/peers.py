@@ -7,9 +7,12 @@ time included), then decoding alone (the tokens after the first over the time af
 OURS: our default's configuration label (default: the run's highest `auto γ=N`). The last column counts the greedy
 prompts whose output differs from the same system's plain decoding (llama.cpp's rows against llama.cpp's).
 """
-import gzip, collections, json, math, sys
+import collections, json, math, sys
+from pathlib import Path
 
-rows = [json.loads(l) for l in (gzip.open if sys.argv[1].endswith('.gz') else open)(sys.argv[1], 'rt')]
+from verispec.bench.report import read_recorded
+
+rows = [json.loads(l) for l in read_recorded(Path(sys.argv[1])).splitlines()]  # runs.jsonl, or .gz
 by = collections.defaultdict(dict)
 for r in rows:
     by[(r["prompt_id"], r["category"], r["temperature"])][r["config"]] = r

@@ -12,9 +12,13 @@ table: our default over its plain decoding, its speculative decoding with the dr
 request), its speculative over its plain decoding, and in how many greedy prompts its speculative output differs
 from its plain output.
 """
-import gzip, json, sys, math, collections
+import json, sys, math, collections
+from pathlib import Path
+
+from verispec.bench.report import read_recorded
+
 path = sys.argv[1]
-rows = [json.loads(l) for l in (gzip.open if path.endswith('.gz') else open)(path, 'rt')]
+rows = [json.loads(l) for l in read_recorded(Path(path)).splitlines()]  # runs.jsonl, or .gz
 def dec(r):
     return (r['new_tokens'] - 1) / (r['seconds'] - r['ttft_s']) if r['ttft_s'] is not None and r['new_tokens'] > 1 else None
 by = collections.defaultdict(dict)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 
 from verispec.cli.common import fail, finite
@@ -45,7 +46,7 @@ def _theory_of_report(path_text: str) -> int:
         theory = json.loads(read_recorded(path))["theory"]
     except FileNotFoundError:
         fail(f"no bench report at {path}")
-    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError, EOFError, OSError):  # OSError: bad gzip
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError, EOFError, gzip.BadGzipFile):
         fail(f"{path} is not a verispec bench report")
     if not theory:
         print("the report has no drafting strategy with measured acceptance")

@@ -4,14 +4,16 @@ llama.cpp with a faster prefill.
 
     python whole_request_split.py ../2026-11-27-epyc-avx512-llamacpp-draft/runs.jsonl "auto γ=6"
 """
-import gzip
 import collections
 import json
 import math
 import sys
+from pathlib import Path
+
+from verispec.bench.report import read_recorded
 
 CODE = ("code_completion", "code_instruct", "code_edit")
-rows = [json.loads(line) for line in (gzip.open if sys.argv[1].endswith('.gz') else open)(sys.argv[1], 'rt')]
+rows = [json.loads(line) for line in read_recorded(Path(sys.argv[1])).splitlines()]  # runs.jsonl, or .gz
 ours = sys.argv[2] if len(sys.argv) > 2 else "auto γ=6"
 by: dict[str, dict[str, dict]] = collections.defaultdict(dict)
 for r in rows:

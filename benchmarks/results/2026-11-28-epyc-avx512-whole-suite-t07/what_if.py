@@ -5,14 +5,17 @@ records, no new measurement.
 
     python what_if.py <run>/runs.jsonl "auto γ=6" "llama.cpp prompt_lookup γ=2" [--goal 2.5]
 """
-import gzip, argparse, collections, json, math
+import argparse, collections, json, math
+from pathlib import Path
+
+from verispec.bench.report import read_recorded
 
 ap = argparse.ArgumentParser()
 ap.add_argument("runs"), ap.add_argument("ours"), ap.add_argument("peer")
 ap.add_argument("--goal", type=float, default=2.5)
 args = ap.parse_args()
 by = collections.defaultdict(dict)
-for line in (gzip.open if args.runs.endswith('.gz') else open)(args.runs, 'rt'):
+for line in read_recorded(Path(args.runs)).splitlines():  # runs.jsonl, or .gz
     r = json.loads(line)
     by[(r["prompt_id"], r["temperature"])][r["config"]] = r
 code = {"code_completion", "code_instruct", "code_edit"}

@@ -3,7 +3,7 @@
 import json, sys
 import torch
 sys.path.insert(0, "benchmarks")
-from cuda_check import identity, row_invariance
+from cuda_check import row_invariance
 from verispec.engine import GenerationParams, generate
 from verispec.models.load import load
 from verispec.proposers.draft_model import DraftModelProposer
