@@ -4,6 +4,8 @@ the reason, the builds this CPU lacks (an AVX-512 machine runs both, so the AVX2
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -251,6 +253,25 @@ def test_sampling_kernels_are_bit_identical_across_builds():
     for q in (probs[0][:2] * 0.5, torch.empty(0)):  # a chain's verification: the same outcome in every build
         rounds = [b.verify_row(x, 0.7, draft, q, ua, u[:1], 1187) for b in builds.values()]
         assert all(torch.equal(r, rounds[0]) for r in rounds[1:])
+
+
+def test_the_build_compiles_a_copy_of_the_sources_in_its_cache_folder(monkeypatch, tmp_path):
+    """ninja's build file names its sources' paths: compiled where the package lies, a second checkout of the same
+    code (a CI clone beside a working tree) would rebuild the cached kernel at the first forward of each run."""
+    from torch.utils import cpp_extension
+
+    calls: list[list[str]] = []
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: calls.append(kw["sources"]) or kw["build_directory"])
+    build = Path(kernels._build.__wrapped__("avx2"))
+    assert build.parent == tmp_path / "kernels" and len(calls) == 1
+    here = Path(kernels.__file__).parent
+    for name in kernels.SOURCES + kernels.HEADERS:
+        assert (build / "src" / name).read_bytes() == (here / name).read_bytes()
+    assert calls[0] == [str(build / "src" / name) for name in kernels.SOURCES]
+    before = {p: p.stat().st_mtime_ns for p in (build / "src").iterdir()}
+    kernels._build.__wrapped__("avx2")  # unchanged copies are not rewritten: ninja sees nothing new
+    assert {p: p.stat().st_mtime_ns for p in (build / "src").iterdir()} == before
 
 
 def test_build_is_picked_from_the_cpu_and_can_be_forced(monkeypatch):
