@@ -90,8 +90,8 @@ def test_sampling_matches_exact_law(tiny_target, tiny_draft, temperature, gamma,
     sampling = SamplingParams(temperature=temperature)
     made: list[AdaptiveGammaProposer] = []
 
-    def make(max_len: int) -> AdaptiveGammaProposer:
-        made.append(AdaptiveGammaProposer(DraftModelProposer(tiny_draft, max_len, confidence=confidence)))
+    def make(max_len: int, rows: int) -> AdaptiveGammaProposer:
+        made.append(AdaptiveGammaProposer(DraftModelProposer(tiny_draft, max_len, confidence=confidence, rows=rows)))
         return made[-1]
 
     law = exact_law(tiny_target, sampling)
@@ -181,8 +181,8 @@ def test_paused_sampling_matches_exact_law(tiny_target, tiny_draft):
     sampling = SamplingParams(temperature=1.0)
     made: list[AdaptiveGammaProposer] = []
 
-    def make(max_len: int) -> AdaptiveGammaProposer:
-        made.append(AdaptiveGammaProposer(DraftModelProposer(tiny_draft, max_len), pause=True, probe_every=1,
+    def make(max_len: int, rows: int) -> AdaptiveGammaProposer:
+        made.append(AdaptiveGammaProposer(DraftModelProposer(tiny_draft, max_len, rows=rows), pause=True, probe_every=1,
                                           prior_alpha=0.01, prior_weight=1e6, prior_c=0.5, decay=1.0))
         return made[-1]
 

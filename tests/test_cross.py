@@ -120,7 +120,7 @@ def test_cross_keeps_the_sampled_law(trio):
 
     law = exact_law(target.model, T1, prompt)
     run = sample_engine(target.model, None, T1, 3, 61_000_000, prompt=prompt, n=N,
-                        make_proposer=lambda max_len: make_proposer("cross", target, same, max_len))
+                        make_proposer=lambda max_len, rows: make_proposer("cross", target, same, max_len, rows=rows))
     floor = noise_floor(law, N, seed=12345)
     assert run.alpha is not None and run.alpha > 0.1  # a greedy draft against T = 1: accepted at p(x)
     assert tv(run.counts, law) <= floor.threshold and chi_square_pvalue(run.counts, law) > 1e-3

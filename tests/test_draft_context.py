@@ -53,7 +53,8 @@ def test_sampled_law_is_the_targets(tiny_target, tiny_draft):
     sampling = SamplingParams(temperature=1.0)
     law = exact_law(tiny_target, sampling, prompt=LONG)
     run = sample_engine(tiny_target, tiny_draft, sampling, 3, 71_000_000, prompt=LONG,
-                        make_proposer=lambda max_len: DraftModelProposer(tiny_draft, max_len, context=2))
+                        make_proposer=lambda max_len, rows: DraftModelProposer(tiny_draft, max_len, context=2,
+                                                                                  rows=rows))
     verdict = Verdict(tv(run.counts, law), noise_floor(law, N, seed=12345), chi_square_pvalue(run.counts, law),
                       run.alpha)
     print(f"\n[draft context 2 of {len(LONG) - 1}] {verdict}")

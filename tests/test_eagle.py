@@ -266,7 +266,7 @@ def test_eagle_tree_rows_of_a_batch_equal_generate_alone(wide_target, eagle):
 def test_eagle_keeps_the_target_law(tiny_target):
     drafter = train_tiny(tiny_target, steps=150)
     verdict = check(tiny_target, None, T07_P09, 3, 31_000_000, label="eagle",
-                    make_proposer=lambda max_len: EagleProposer(drafter, max_len, tiny_target.vocab_size))
+                    make_proposer=lambda max_len, rows: EagleProposer(drafter, max_len, tiny_target.vocab_size, rows=rows))
     assert verdict.alpha is not None and verdict.alpha > 0.2, verdict
     assert verdict.passes, verdict
 
@@ -275,8 +275,8 @@ def test_eagle_keeps_the_target_law(tiny_target):
 def test_eagle_ngram_keeps_the_target_law(tiny_target):
     drafter = train_tiny(tiny_target, steps=150)
     verdict = check(tiny_target, None, T07_P09, 3, 31_000_000, label="eagle+ngram",
-                    make_proposer=lambda max_len: DraftNgramProposer(
-                        EagleProposer(drafter, max_len, tiny_target.vocab_size), 3, min_match=1))
+                    make_proposer=lambda max_len, rows: DraftNgramProposer(
+                        EagleProposer(drafter, max_len, tiny_target.vocab_size, rows=rows), 3, min_match=1))
     assert verdict.alpha is not None and verdict.alpha > 0.2, verdict
     assert verdict.passes, verdict
 

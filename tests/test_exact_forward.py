@@ -152,11 +152,11 @@ def test_speculative_greedy_equals_plain_in_bf16(bf16_target):
             pd.copy_(0.9 * pt.float() + 0.1 * pd.float())
     gen = torch.Generator().manual_seed(1)
     accepted = drafted = 0
-    for n in range(3):
+    for n in range(2):  # 39 s for 3 prompts x 32 tokens where bf16 is emulated (AMD Zen 3): 2 prompts x 24 tokens
         prompt = torch.randint(0, CFG.vocab_size, (12 + n,), generator=gen).tolist()
-        plain = generate(bf16_target, prompt, GenerationParams(max_new_tokens=32))  # gamma plays no part in it
+        plain = generate(bf16_target, prompt, GenerationParams(max_new_tokens=24))  # gamma plays no part in it
         for gamma in (3, 6):
-            params = GenerationParams(max_new_tokens=32, gamma=gamma)
+            params = GenerationParams(max_new_tokens=24, gamma=gamma)
             spec = generate(bf16_target, prompt, params, DraftModelProposer(draft, len(prompt) + 40))
             assert spec.token_ids == plain.token_ids
             accepted, drafted = accepted + spec.metrics.accepted, drafted + spec.metrics.drafted

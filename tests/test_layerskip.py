@@ -14,15 +14,14 @@ import dataclasses
 import random
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from tests.conftest import fresh_logits, tiny_config
-from tests.test_losslessness import PROMPT, W, Verdict, chi_square_pvalue, exact_law, noise_floor, tv
+from tests.test_losslessness import N, Verdict, chi_square_pvalue, exact_law, noise_floor, sample_engine, tv
 from verispec import strategies
 from verispec.calibrate import calibrate
-from verispec.engine import Generation, GenerationParams, generate, stream
+from verispec.engine import GenerationParams, generate
 from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
 from verispec.proposers.layerskip import (
@@ -174,35 +173,13 @@ def test_drafts_and_target_cache_match_fresh_prefills(deep_target64, sampling, l
 
 
 # ---- statistical losslessness -----------------------------------------------------------------------------------
-N_SEQ = 1000  # the losslessness suite's N: its noise floor is computed for this many sequences
-
-
-def sample_law(target: LlamaModel, make_proposer, sampling: SamplingParams, gamma: int, seed_base: int,
-               max_new: int | None = None):
-    """Counts of the first W tokens after PROMPT over N_SEQ seeded engine runs (each stopped once W tokens are
-    out, so `max_new` changes only the engine's cache size); and alpha."""
-    V = target.vocab_size
-    counts = np.zeros((V,) * W, dtype=np.int64)
-    max_new = max_new or max(W, gamma + 2)  # the second round (the first is plain) really drafts gamma tokens
-    accepted = drafted = 0
-    for i in range(N_SEQ):
-        params = GenerationParams(max_new_tokens=max_new, gamma=gamma, sampling=sampling, seed=seed_base + i)
-        res, out = Generation(), []
-        for new in stream(target, PROMPT, params, make_proposer(), result=res):
-            out += new
-            if len(out) >= W:
-                break
-        counts[tuple(out[:W])] += 1
-        accepted += res.metrics.accepted
-        drafted += res.metrics.drafted
-    return counts, accepted / drafted if drafted else None
-
-
 def lossless_verdict(target, make_proposer, sampling, gamma, seed_base, max_new: int | None = None) -> Verdict:
-    """The losslessness suite's verdict (TV against the measured noise floor, and chi-square) for any proposer."""
+    """The losslessness suite's verdict (TV against the measured noise floor, and chi-square) for any proposer
+    (make_proposer(max_len, rows))."""
     law = exact_law(target, sampling)
-    counts, alpha = sample_law(target, make_proposer, sampling, gamma, seed_base, max_new)
-    verdict = Verdict(tv(counts, law), noise_floor(law, N_SEQ, seed=12345), chi_square_pvalue(counts, law), alpha)
+    run = sample_engine(target, None, sampling, gamma, seed_base, make_proposer=make_proposer, max_new=max_new)
+    verdict = Verdict(tv(run.counts, law), noise_floor(law, N, seed=12345), chi_square_pvalue(run.counts, law),
+                      run.alpha)
     print(f"\nT={sampling.temperature} gamma={gamma}: {verdict}")
     return verdict
 
@@ -211,7 +188,7 @@ def lossless_verdict(target, make_proposer, sampling, gamma, seed_base, max_new:
                                                         pytest.param(0.7, 2, 22_000_000, marks=pytest.mark.slow)])
 def test_sampling_matches_exact_law(tiny_target, temperature, gamma, seed_base):
     """tiny_target has 2 layers: ℓ = 1 drafts (alpha ~0.2-0.45 at these settings)."""
-    verdict = lossless_verdict(tiny_target, lambda: LayerSkipProposer(tiny_target, 1),
+    verdict = lossless_verdict(tiny_target, lambda max_len, rows: LayerSkipProposer(tiny_target, 1),
                                SamplingParams(temperature=temperature), gamma, seed_base)
     assert verdict.alpha is not None and 0.1 < verdict.alpha < 0.9, verdict
     assert verdict.passes, verdict

@@ -23,6 +23,7 @@ from verispec import strategies
 from verispec.engine import GenerationParams, extra_layout, generate
 from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
+from verispec.proposers.base import PerRow
 from verispec.proposers.lookahead import LookaheadProposer, window_layout
 from verispec.sampling import SamplingParams
 
@@ -276,7 +277,7 @@ def test_sampling_matches_exact_law(tiny_target, temperature, seed_base):
     """gamma 2, W 3, N 3: every round verifies a chain of up to 2 tokens next to a 6-token window. Generating 16
     tokens keeps the engine's cache roomy enough for the window in the rounds that decide the first 3 tokens."""
     seeds = {v: greedy_continuation(tiny_target, PROMPT[:-1] + [v], 2) for v in range(tiny_target.vocab_size)}
-    make = lambda: SeededLookahead(seeds, 3, 3, 3)  # noqa: E731
+    make = lambda max_len, rows: PerRow(lambda: SeededLookahead(seeds, 3, 3, 3))  # noqa: E731
     verdict = lossless_verdict(tiny_target, make, SamplingParams(temperature=temperature), 2, seed_base,
                                max_new=16)
     assert verdict.alpha is not None and 0.1 < verdict.alpha < 0.9, verdict
@@ -295,8 +296,8 @@ def test_losslessness_check_sees_a_chain_that_sees_the_window(tiny_target, monke
 
     monkeypatch.setattr(engine, "extra_layout", leaky_layout)
     seeds = {v: greedy_continuation(tiny_target, PROMPT[:-1] + [v], 2) for v in range(tiny_target.vocab_size)}
-    verdict = lossless_verdict(tiny_target, lambda: SeededLookahead(seeds, 3, 3, 3), SamplingParams(temperature=1.0),
-                               2, 31_000_000, max_new=16)
+    verdict = lossless_verdict(tiny_target, lambda max_len, rows: PerRow(lambda: SeededLookahead(seeds, 3, 3, 3)),
+                               SamplingParams(temperature=1.0), 2, 31_000_000, max_new=16)
     assert not verdict.passes, verdict
 
 

@@ -141,7 +141,7 @@ def test_medusa_tree_keeps_the_target_law(tiny_target, tiny_heads):
     """A tree of 2 x 2 children keeps the target's law (children drawn without replacement from each head)."""
     heads = tiny_heads
     verdict = check(tiny_target, None, T07_P09, 6, 33_000_000, label="medusa tree 2x2",
-                    make_proposer=lambda max_len: MedusaProposer(heads, tiny_target.vocab_size, widths=(2, 2)))
+                    make_proposer=lambda max_len, rows: MedusaProposer(heads, tiny_target.vocab_size, widths=(2, 2)))
     assert verdict.passes, verdict
 
 
@@ -179,7 +179,7 @@ def test_guesses_read_the_feature_that_chose_the_pending_token(wide_target, medu
 def test_medusa_keeps_the_target_law(tiny_target):
     heads = train_tiny(tiny_target, steps=150)
     verdict = check(tiny_target, None, T07_P09, 3, 31_000_000, label="medusa",
-                    make_proposer=lambda max_len: MedusaProposer(heads, tiny_target.vocab_size))
+                    make_proposer=lambda max_len, rows: MedusaProposer(heads, tiny_target.vocab_size))
     # the law check must see drafts accepted: α was 0.20 here with either categorical sampler (one seed)
     assert verdict.alpha is not None and verdict.alpha > 0.15, verdict
     assert verdict.passes, verdict

@@ -29,7 +29,7 @@ from verispec import strategies
 from verispec.engine import Generation, GenerationParams, generate
 from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
-from verispec.proposers.base import Outcome
+from verispec.proposers.base import Outcome, PerRow
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.mix import DraftNgramProposer
 from verispec.proposers.ngram import NgramProposer
@@ -370,7 +370,8 @@ def lossless_verdict(target: LlamaModel, make_proposer, sampling: SamplingParams
 @pytest.mark.parametrize("sampling,gamma,seed_base", [(T1, 3, 41_000_000), (T07, 2, 42_000_000)],
                          ids=["T1-g3", "T0.7-g2"])
 def test_ngram_sampling_matches_exact_law(tiny_target, sampling, gamma, seed_base):
-    verdict = lossless_verdict(tiny_target, lambda max_len: NgramProposer(3, 1), sampling, gamma, seed_base, "ngram")
+    verdict = lossless_verdict(tiny_target, lambda max_len, rows: PerRow(lambda: NgramProposer(3, 1)), sampling,
+                               gamma, seed_base, "ngram")
     assert verdict.alpha is not None and 0.05 < verdict.alpha < 0.95, verdict  # drafts made, some rejected
     assert verdict.passes, verdict
 
@@ -382,8 +383,8 @@ def test_draft_ngram_sampling_matches_exact_law(tiny_target, tiny_draft, samplin
     depending on what was emitted; most copy (the prompt repeats itself)."""
     mixes: list[CountingMix] = []
 
-    def make(max_len: int) -> DraftNgramProposer:
-        mixes.append(CountingMix(DraftModelProposer(tiny_draft, max_len), 3, min_match=3))
+    def make(max_len: int, rows: int) -> DraftNgramProposer:
+        mixes.append(CountingMix(DraftModelProposer(tiny_draft, max_len, rows=rows), 3, min_match=3))
         return mixes[-1]
 
     verdict = lossless_verdict(tiny_target, make, sampling, gamma, seed_base, "draft+ngram")
@@ -395,13 +396,16 @@ def test_draft_ngram_sampling_matches_exact_law(tiny_target, tiny_draft, samplin
 
 
 class CountingMix(DraftNgramProposer):
-    """Keeps its one sequence's draft forwards after the round has freed its row."""
+    """Counts its draft model's forwards while proposing, over every row it serves (rows are freed as they end)."""
 
     forwards = 0
 
-    def observe(self, row, outcome) -> None:
-        super().observe(row, outcome)
-        self.forwards = self.stats(row).forwards
+    def propose(self, rows, gammas, sampling, generators, shapes=None):
+        draft = self.draft
+        before = sum(draft.stats(r).forwards for r in rows)
+        proposals = super().propose(rows, gammas, sampling, generators, shapes)
+        self.forwards += sum(draft.stats(r).forwards for r in rows) - before
+        return proposals
 
 
 def test_floor_is_tight_enough_for_this_prompt(tiny_target):

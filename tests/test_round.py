@@ -116,20 +116,26 @@ MIXED = [  # two rows share the draft model's batched forward; n-gram copies; la
 N = 1000  # sequences per row: the losslessness suite's N
 
 
+COPIES = 25  # copies of the 4 MIXED rows in one batch (100 rows, interleaved): ~3x faster than 4 rows a batch
+
+
 def sample_mixed(target, draft, seed_base: int, verifier=verify_chain, n: int = N) -> tuple[list[np.ndarray], list[float]]:
-    """Counts of each row's first W tokens over n batches of the 4 MIXED rows, and each row's alpha."""
+    """Counts of each MIXED row's first W tokens over n sequences of each (batches of COPIES x the 4 rows, seeds
+    seed_base + 10 i + r for the i-th copy of row r), and each row's alpha."""
     V = target.vocab_size
     counts = [np.zeros((V,) * W, dtype=np.int64) for _ in MIXED]
     accepted, drafted = [0] * len(MIXED), [0] * len(MIXED)
-    batch = Batch(target, len(MIXED), 32, slack=16, verifier=verifier)
-    shared = {c.strategy: proposer(c.strategy, target, draft, len(MIXED), 32) for c in MIXED}
-    for i in range(n):
-        seqs = [batch.add(list(c.prompt), GenerationParams(max_new_tokens=max(W, c.gamma + 1), gamma=c.gamma,
-                                                           sampling=c.sampling, seed=seed_base + 10 * i + r),
-                          shared[c.strategy]) for r, c in enumerate(MIXED)]
+    rows = len(MIXED) * COPIES
+    batch = Batch(target, rows, 32, slack=16, verifier=verifier)
+    shared = {c.strategy: proposer(c.strategy, target, draft, rows, 32) for c in MIXED}
+    for i0 in range(0, n, COPIES):
+        seqs = [(r, batch.add(list(c.prompt), GenerationParams(max_new_tokens=max(W, c.gamma + 1), gamma=c.gamma,
+                                                               sampling=c.sampling, seed=seed_base + 10 * i + r),
+                              shared[c.strategy]))
+                for i in range(i0, min(n, i0 + COPIES)) for r, c in enumerate(MIXED)]
         while batch.live:
             batch.round()
-        for r, seq in enumerate(seqs):
+        for r, seq in seqs:
             counts[r][tuple(seq.out[:W])] += 1
             accepted[r] += seq.metrics.accepted
             drafted[r] += seq.metrics.drafted

@@ -242,7 +242,7 @@ def test_sample_shapes_and_law(monkeypatch, path):
 
 @pytest.mark.parametrize("path", ["kernel", "torch"])
 def test_sample_draws_unnormalized_weights_by_their_law_over_a_large_vocabulary(monkeypatch, path):
-    """sample() is an inverse-CDF draw: chi-square of 20000 draws against weight / sum, over a 152k vocabulary
+    """sample() is an inverse-CDF draw: chi-square of 10000 draws against weight / sum, over a 152k vocabulary
     whose mass sits on 12 ids, with zero-weight ids between and after them (never drawn)."""
     from scipy.stats import chisquare
 
@@ -251,11 +251,11 @@ def test_sample_draws_unnormalized_weights_by_their_law_over_a_large_vocabulary(
     ids = torch.tensor([0, 5, 6, 1000, 1001, 70000, 70002, 99999, 120000, 151000, 151934, 151935])
     w[ids] = torch.tensor([3.0, 1.0, 0.5, 2.0, 0.25, 4.0, 1.5, 0.75, 2.5, 1.0, 0.1, 0.9]) * 7.3  # not normalized
     gen = make_generator(5)
-    draws = torch.stack([sample(w, gen) for _ in range(20000)])
+    draws = torch.stack([sample(w, gen) for _ in range(10000)])  # the rarest id: ~54 expected
     counts = torch.bincount(draws, minlength=w.numel())
     assert int(counts.sum() - counts[ids].sum()) == 0  # no zero-weight id
     share = w[ids].double().numpy()
-    expected = share / share.sum() * 20000
+    expected = share / share.sum() * 10000
     assert chisquare(counts[ids].double().numpy(), expected).pvalue > 1e-3
 
 

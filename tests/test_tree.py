@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import random
 
 import numpy as np
 import pytest
@@ -46,54 +47,57 @@ def p_of(ctx, sampling):
     return _dist("p", ctx, sampling)
 
 
-def q_of(ctx, sampling):
-    return _dist("q", ctx, sampling)
+@functools.lru_cache(maxsize=None)
+def _dist_list(tag: str, ctx: tuple[int, ...], sampling: SamplingParams) -> tuple[float, ...]:
+    return tuple(_dist(tag, ctx, sampling).tolist())  # float32 values, exact as Python floats
 
 
 def draw_tree(ctx: tuple[int, ...], shape: TreeShape, sampling: SamplingParams, mode: str,
-              gen: torch.Generator) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor]:
+              rng: random.Random) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor]:
     """Children drawn as a drafter would: "iid" (each from the node's q), "worep" (without replacement, each with
     its q renormalised over what is left; fewer children where q runs out) or "det" (the node's top tokens,
-    one-hot q). Returns tokens, parents, p rows [N + 1, V] and q rows [N, V]."""
+    one-hot q). Returns tokens, parents, p rows [N + 1, V] and q rows [N, V]. Drawn in plain Python (4 tokens:
+    a torch call a draw made this 3x slower than the verification it feeds)."""
     tokens: list[int] = []
     parents: list[int] = []
     ctxs: list[tuple[int, ...]] = []
-    qs: list[torch.Tensor] = []
+    qs: list[tuple[float, ...]] = []
     frontier = [(-1, -1, ctx)]  # (node in the shape, drawn node, its context), breadth first
     while frontier:
         shape_node, drawn, here = frontier.pop(0)
         kids = shape.children(shape_node)
-        q = q_of(here, sampling)
+        q = _dist_list("q", here, sampling)
+        top = sorted(range(V), key=lambda v: -q[v]) if mode == "det" else []
         for rank, kid in enumerate(kids):
             if mode == "det":
-                x = int(torch.topk(q, len(kids)).indices[rank])
-                qk = torch.nn.functional.one_hot(torch.tensor(x), V).float()
+                x = top[rank]
+                qk = tuple(float(v == x) for v in range(V))
             else:
-                if q.sum() <= 0:
+                if sum(q) <= 0:
                     break
-                x = int(torch.multinomial(q, 1, generator=gen))
+                x = rng.choices(range(V), weights=q)[0]
                 qk = q
                 if mode == "worep":
-                    q = q.clone()
-                    q[x] = 0.0
-                    q = q / q.sum() if q.sum() > 0 else q
+                    rest = [0.0 if v == x else w for v, w in enumerate(q)]
+                    total = sum(rest)
+                    q = tuple(w / total for w in rest) if total > 0 else tuple(rest)
             tokens.append(x)
             parents.append(drawn)
             qs.append(qk)
             ctxs.append(here + (x,))
             frontier.append((kid, len(tokens) - 1, here + (x,)))
-    p = torch.stack([p_of(ctx, sampling)] + [p_of(c, sampling) for c in ctxs])
-    return tokens, parents, p, torch.stack(qs)
+    p = torch.tensor([_dist_list("p", c, sampling) for c in (ctx, *ctxs)])
+    return tokens, parents, p, torch.tensor(qs)
 
 
 def run_pure(shape: TreeShape, sampling: SamplingParams, mode: str, seed: int, verifier=verify_tree) -> np.ndarray:
     """Counts of the first W tokens over N_PURE generations by tree rounds."""
-    gen = torch.Generator().manual_seed(seed)
+    gen, rng = torch.Generator().manual_seed(seed), random.Random(seed)  # the verifier's draws, the drafter's
     counts = np.zeros((V,) * W, dtype=np.int64)
     for _ in range(N_PURE):
         out: tuple[int, ...] = ()
         while len(out) < W:
-            tokens, parents, p, q = draw_tree(out, shape, sampling, mode, gen)
+            tokens, parents, p, q = draw_tree(out, shape, sampling, mode, rng)
             path, extra = verifier(tokens, parents, p, q, gen)
             out += tuple(tokens[i] for i in path) + (extra,)
         counts[out[:W]] += 1
@@ -268,7 +272,7 @@ def _tree_engine_verdict(target, draft, sampling, seed_base, tree_verifier=verif
     law = exact_law(target, sampling)
     shape = TreeShape.from_paths([(0,), (1,), (0, 0), (1, 0)])
     run = sample_engine(target, None, sampling, len(shape), seed_base,
-                        make_proposer=lambda max_len: TreeDraftProposer(draft, max_len, shape=shape),
+                        make_proposer=lambda max_len, rows: TreeDraftProposer(draft, max_len, rows=rows, shape=shape),
                         tree_verifier=tree_verifier)
     from tests.test_losslessness import N
     return Verdict(tv(run.counts, law), noise_floor(law, N, seed=12345), chi_square_pvalue(run.counts, law), run.alpha)
