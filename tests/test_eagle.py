@@ -85,6 +85,7 @@ def test_training_raises_agreement(wide_target, eagle):
     assert after[0] < before[0] and after[2] > before[2] + 0.2, (before, after)
 
 
+@pytest.mark.slow  # 17-21 s (two trainings) on a 2-core Zen 3; the unrolled steps' exactness runs by default
 def test_training_time_test_fits_the_later_draft_steps(wide_target):
     """Trained on its own step-1 and step-2 predictions too (depth 3), a drafter guesses the text's later tokens
     from its own features better than one trained on true features alone (teacher forcing), which fits step 1

@@ -617,7 +617,9 @@ def _state(c: httpx.Client) -> dict:
 
 
 def test_disconnect_frees_the_row_at_once(hooked, hooked_url):
-    hooked.target.model.embed.delay = 0.05  # >= 128 / (gamma + 1) rounds: seconds of work left when the client leaves
+    # >= 128 / (gamma + 1) rounds: seconds of work left when the client leaves (at 0.05 s a forward, a run beside
+    # the other test worker once saw the request done before its /v1/state answered)
+    hooked.target.model.embed.delay = 0.2
     try:
         with httpx.Client(base_url=hooked_url, timeout=30) as c:
             with c.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": "x ( a )", "max_tokens": 128,
