@@ -255,9 +255,10 @@ def test_sampling_kernels_are_bit_identical_across_builds():
         assert all(torch.equal(r, rounds[0]) for r in rounds[1:])
 
 
-def test_the_build_compiles_a_copy_of_the_sources_in_its_cache_folder(monkeypatch, tmp_path):
-    """ninja's build file names its sources' paths: compiled where the package lies, a second checkout of the same
-    code (a CI clone beside a working tree) would rebuild the cached kernel at the first forward of each run."""
+def test_the_build_compiles_a_copy_of_the_sources_in_its_cache_folder_and_is_imported_once_built(monkeypatch,
+                                                                                                 tmp_path):
+    """ninja's build file names its sources' and the environment's paths: a second checkout or virtual environment
+    of the same code (CI's clone beside a working tree) would rebuild the cached kernel at its first forward."""
     from torch.utils import cpp_extension
 
     calls: list[list[str]] = []
@@ -271,7 +272,15 @@ def test_the_build_compiles_a_copy_of_the_sources_in_its_cache_folder(monkeypatc
     assert calls[0] == [str(build / "src" / name) for name in kernels.SOURCES]
     before = {p: p.stat().st_mtime_ns for p in (build / "src").iterdir()}
     kernels._build.__wrapped__("avx2")  # unchanged copies are not rewritten: ninja sees nothing new
-    assert {p: p.stat().st_mtime_ns for p in (build / "src").iterdir()} == before
+    assert {p: p.stat().st_mtime_ns for p in (build / "src").iterdir()} == before and len(calls) == 2
+    # once built, the module is imported as it is: no ninja, whichever checkout or environment asks (their build
+    # files differ in the environment's include paths, and ninja would rebuild)
+    name = f"verispec_w4a8_avx2_{build.name.rsplit('-', 1)[1]}"  # the folder is w4a8-avx2-<key>
+    (build / f"{name}.so").write_bytes(b"")
+    imported: list[Path] = []
+    monkeypatch.setattr(kernels, "_import_built", lambda n, path: imported.append(path) or "module")
+    assert kernels._build.__wrapped__("avx2") == "module"
+    assert imported == [build / f"{name}.so"] and len(calls) == 2
 
 
 def test_build_is_picked_from_the_cpu_and_can_be_forced(monkeypatch):
