@@ -617,16 +617,18 @@ def _state(c: httpx.Client) -> dict:
 
 
 def test_disconnect_frees_the_row_at_once(hooked, hooked_url):
-    # >= 128 / (gamma + 1) rounds: seconds of work left when the client leaves (at 0.05 s a forward, a run beside
-    # the other test worker once saw the request done before its /v1/state answered)
-    hooked.target.model.embed.delay = 0.2
+    hooked.target.model.embed.delay = 0.05  # >= 128 / (gamma + 1) rounds: seconds of work left when the client leaves
     try:
         with httpx.Client(base_url=hooked_url, timeout=30) as c:
             with c.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": "x ( a )", "max_tokens": 128,
                                                            "temperature": 0, "stream": True}) as r:
                 first = next(line for line in r.iter_lines() if line.startswith("data: "))
                 assert json.loads(first[6:])["choices"]
-                assert _state(c)["running"] == 1
+                # seen 2 times in ~8 runs of the whole suite beside another worker (2026-11-29): running 0 here, with
+                # or without more work left (0.2 s a forward); cause not found, so the failure says what it saw
+                state = _state(c)
+                counts = [ln for ln in c.get("/metrics").text.splitlines() if "requests" in ln and not ln.startswith("#")]
+                assert state["running"] == 1, (first, state, counts)
             # the response is closed: the server must notice and free the sequence and its cache row
             deadline = time.monotonic() + 3
             while _state(c)["running"] or _state(c)["rows_in_use"]:
