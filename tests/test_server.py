@@ -624,7 +624,7 @@ def test_disconnect_frees_the_row_at_once(hooked, hooked_url):
                                                            "temperature": 0, "stream": True}) as r:
                 first = next(line for line in r.iter_lines() if line.startswith("data: "))
                 assert json.loads(first[6:])["choices"]
-                # seen 2 times in ~8 runs of the whole suite beside another worker (2026-11-29): running 0 here, with
+                # seen 2 times in 10 runs of the whole suite beside another worker (2026-11-29): running 0 here, with
                 # or without more work left (0.2 s a forward); cause not found, so the failure says what it saw
                 state = _state(c)
                 counts = [ln for ln in c.get("/metrics").text.splitlines() if "requests" in ln and not ln.startswith("#")]
