@@ -231,10 +231,11 @@ def _build(isa: str) -> ModuleType:
     from verispec.models.packaged import cache_dir
 
     cflags = isa_cflags(isa)
-    code = {name: Path(__file__).with_name(name).read_bytes() for name in SOURCES + HEADERS}
-    stamp = " ".join([torch.__version__, sys.version, *cflags]).encode()
-    key = hashlib.sha256(b"".join(code.values()) + stamp).hexdigest()[:16]
+    sources = [Path(__file__).with_name(name) for name in SOURCES]
+    code = b"".join(Path(__file__).with_name(name).read_bytes() for name in SOURCES + HEADERS)
+    key = hashlib.sha256(code + " ".join([torch.__version__, sys.version, *cflags]).encode()).hexdigest()[:16]
     build = cache_dir() / "kernels" / f"w4a8-{isa}-{key}"
+    build.mkdir(parents=True, exist_ok=True)
     name = f"verispec_w4a8_{isa}_{key}"
     # A build of this very code (the key) for this torch and Python is imported as it is: ninja's build file names
     # the sources' and the environment's paths, and would rebuild it (41 s of both cores on an AMD Zen 3) for every
@@ -245,16 +246,6 @@ def _build(isa: str) -> ModuleType:
             return _import_built(name, built)
         except ImportError:  # a partial or broken file: built again below
             pass
-    # Compiled from a copy inside the build folder, so that what ninja sees does not depend on where the package lies.
-    src = build / "src"
-    src.mkdir(parents=True, exist_ok=True)
-    for name, data in code.items():
-        path = src / name
-        if not path.exists() or path.read_bytes() != data:  # rewritten only when changed, so ninja sees no edit
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(data)
-            tmp.replace(path)
-    sources = [src / name for name in SOURCES]
     try:  # the `ninja` wheel puts its binary beside the interpreter, which is not on PATH unless the venv is active
         import ninja
 
