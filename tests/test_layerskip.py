@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.conftest import fresh_logits, tiny_config
-from tests.test_losslessness import N, Verdict, chi_square_pvalue, exact_law, noise_floor, sample_engine, tv
+from tests.test_losslessness import Verdict, check
 from verispec import strategies
 from verispec.calibrate import calibrate
 from verispec.engine import GenerationParams, generate
@@ -175,13 +175,9 @@ def test_drafts_and_target_cache_match_fresh_prefills(deep_target64, sampling, l
 # ---- statistical losslessness -----------------------------------------------------------------------------------
 def lossless_verdict(target, make_proposer, sampling, gamma, seed_base, max_new: int | None = None) -> Verdict:
     """The losslessness suite's verdict (TV against the measured noise floor, and chi-square) for any proposer
-    (make_proposer(max_len, rows))."""
-    law = exact_law(target, sampling)
-    run = sample_engine(target, None, sampling, gamma, seed_base, make_proposer=make_proposer, max_new=max_new)
-    verdict = Verdict(tv(run.counts, law), noise_floor(law, N, seed=12345), chi_square_pvalue(run.counts, law),
-                      run.alpha)
-    print(f"\nT={sampling.temperature} gamma={gamma}: {verdict}")
-    return verdict
+    (make_proposer(max_len, rows)) over tiny_target."""
+    return check(target, None, sampling, gamma, seed_base, label="self-drafted", make_proposer=make_proposer,
+                 max_new=max_new)
 
 
 @pytest.mark.parametrize("temperature,gamma,seed_base", [(1.0, 3, 21_000_000),

@@ -195,16 +195,17 @@ _floors: dict[tuple, Floor] = {}
 
 def check(target, draft, sampling, gamma, seed_base, verifier=verify_chain, label="",
           make_proposer: Callable[[int, int], Proposer] | None = None, penalties: Penalties = Penalties(),
-          constraint: Callable[[], Constraint] | None = None) -> Verdict:
+          constraint: Callable[[], Constraint] | None = None, max_new: int | None = None) -> Verdict:
     """The engine's law against the exact one (target: tiny_target; the laws are cached by sampling, penalties
-    and grammar); make_proposer(max_len, rows), if given, replaces a DraftModelProposer over `draft`."""
+    and grammar); make_proposer(max_len, rows), if given, replaces a DraftModelProposer over `draft`; max_new:
+    sample_engine's."""
     key = (sampling, penalties, constraint)
     if key not in _laws:
         _laws[key] = exact_law(target, sampling, penalties=penalties, constraint=constraint)
         _floors[key] = noise_floor(_laws[key], N, seed=12345)
     law = _laws[key]
     run = sample_engine(target, draft, sampling, gamma, seed_base, verifier, make_proposer=make_proposer,
-                        penalties=penalties, constraint=constraint)
+                        penalties=penalties, constraint=constraint, max_new=max_new)
     verdict = Verdict(tv(run.counts, law), _floors[key], chi_square_pvalue(run.counts, law), run.alpha)
     print(f"\n[{label or verifier.__name__}] T={sampling.temperature} top_p={sampling.top_p} gamma={gamma} N={N}"
           f"{'' if penalties.neutral else f' {penalties}'}: {verdict}")
