@@ -41,7 +41,7 @@ def draft_probs(draft, tokens: list[int]) -> torch.Tensor:
 def test_confidence_stop_cuts_where_the_draft_is_unsure(wide_draft, confidence):
     prompt = PROMPTS[1]
     proposer = DraftModelProposer(wide_draft, 64, confidence=confidence)
-    proposer.reset(0, prompt)
+    proposer.reset([0], [prompt])
     tokens = proposer.propose([0], [6], [GREEDY], [torch.Generator()])[0].tokens.tolist()
     probs = [float(draft_probs(wide_draft, prompt + tokens[:i])[t]) for i, t in enumerate(tokens)]
     # every token but the last was drafted with probability >= confidence; the last is below it, or gamma was hit
@@ -65,7 +65,7 @@ def test_greedy_equals_plain(wide_target, wide_draft, plain, confidence, gamma):
 
 def test_alpha_counts_rejections_not_untested_tokens(wide_draft):
     proposer = AdaptiveGammaProposer(DraftModelProposer(wide_draft, 64), decay=1.0, prior_weight=1e-9)
-    proposer.reset(0, [1, 2, 3])
+    proposer.reset([0], [[1, 2, 3]])
     for accepted in (4, 1, 0, 3):  # gamma 4: rounds with 4 (no rejection), 1, 0 and 3 accepted
         proposer.rows[0].asked = 4
         proposer.draft.fed[0] = 0
@@ -78,7 +78,7 @@ def test_alpha_counts_rejections_not_untested_tokens(wide_draft):
 def test_gamma_follows_alpha_and_c_under_the_cap(wide_draft, alpha, c, expected):
     proposer = AdaptiveGammaProposer(DraftModelProposer(wide_draft, 64, confidence=0.0), prior_alpha=alpha,
                                      prior_weight=1e6, prior_c=c, decay=1.0)
-    proposer.reset(0, [1, 2, 3])
+    proposer.reset([0], [[1, 2, 3]])
     proposal = proposer.propose([0], [8], [GREEDY], [torch.Generator()])[0]
     assert proposer.gammas == [expected] and proposal.tokens.numel() == expected
 
@@ -107,9 +107,9 @@ def test_sampling_matches_exact_law(tiny_target, tiny_draft, temperature, gamma,
 class CheckedAdaptive(AdaptiveGammaProposer):
     """After every round the draft's cache must be a fresh prefill of the text, however short the proposal was."""
 
-    def reset(self, row, prompt, target=None, hidden=None) -> None:
-        super().reset(row, prompt, target)
-        self.text, self.checked, self.short = list(prompt), 0, 0
+    def reset(self, rows, prompts, target=None, hidden=None) -> None:
+        super().reset(rows, prompts, target)
+        self.text, self.checked, self.short = list(prompts[0]), 0, 0
 
     def propose(self, rows, gammas, sampling, generators, shapes=None):
         proposals = super().propose(rows, gammas, sampling, generators)
@@ -144,7 +144,7 @@ def test_pause_chooses_plain_steps_probes_and_resumes(wide_draft):
     cost = interpolate_cost([(1, 1.0), (2, 1.15), (5, 1.6)])
     proposer = AdaptiveGammaProposer(DraftModelProposer(wide_draft, 64), pause=True, probe_every=3,
                                      verify_cost=cost, prior_alpha=0.01, prior_weight=1e6, prior_c=0.5, decay=1.0)
-    proposer.reset(0, [1, 2, 3])
+    proposer.reset([0], [[1, 2, 3]])
     assert [proposer._choose(0, 4) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 1]
     e = proposer.rows[0]
     for accepted, wait in ((0, 6), (0, 12), (0, 24), (0, 24), (1, 3)):  # rejected probes back off, up to 8 x 3
@@ -157,7 +157,7 @@ def test_pause_chooses_plain_steps_probes_and_resumes(wide_draft):
     assert proposer._choose(0, 4) == 4 and e.paused == 0
     steady = AdaptiveGammaProposer(DraftModelProposer(wide_draft, 64), verify_cost=cost, prior_alpha=0.01,
                                    prior_weight=1e6, prior_c=0.5, decay=1.0)
-    steady.reset(0, [1, 2, 3])
+    steady.reset([0], [[1, 2, 3]])
     assert steady._choose(0, 4) == 1
 
 

@@ -184,7 +184,7 @@ def run_draft_rounds(model, prompt: list[int], rounds: list[tuple[int, int]], se
     rng = random.Random(seed)
     V = model.vocab_size
     proposer = DraftModelProposer(model, max_len=len(prompt) + sum(g + 1 for g, _ in rounds) + 8)
-    proposer.reset(0, prompt)
+    proposer.reset([0], [prompt])
     text = list(prompt)
     gen = torch.Generator().manual_seed(seed)
     for gamma, n in rounds:

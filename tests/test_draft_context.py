@@ -26,15 +26,15 @@ def test_the_draft_reads_only_its_window(tiny_target, tiny_draft):
     """After reset the draft's cache holds sinks + window tokens, and its first proposal is what a draft that
     was given exactly those tokens proposes (so the window, not the whole prompt, is what it read)."""
     windowed = DraftModelProposer(tiny_draft, 64, context=3)
-    windowed.reset(0, LONG)
+    windowed.reset([0], [LONG])
     assert windowed.cache.length(0) == SINKS + 3
     short = DraftModelProposer(tiny_draft, 64)
-    short.reset(0, draft_context(LONG[:-1], 3) + LONG[-1:])
+    short.reset([0], [draft_context(LONG[:-1], 3) + LONG[-1:]])
     greedy, gen = [SamplingParams(temperature=0.0)], [torch.Generator().manual_seed(0)]
     first = [p.propose([0], [4], greedy, gen)[0].tokens.tolist() for p in (windowed, short)]
     assert first[0] == first[1]
     whole = DraftModelProposer(tiny_draft, 64)
-    whole.reset(0, LONG)
+    whole.reset([0], [LONG])
     assert whole.cache.length(0) == len(LONG) - 1
 
 

@@ -229,7 +229,7 @@ def test_eagle_tree_nodes_read_their_own_path(wide_target, eagle):
     greedy, gen = SamplingParams(temperature=0.0), torch.Generator()
     for prompt in (PROMPTS[0], PROMPTS[2]):
         tree = EagleProposer(eagle, 64, wide_target.vocab_size, tree=DynamicTree(k, 3))
-        tree.reset(0, prompt, hidden=target_features(wide_target, prompt[:-1]))
+        tree.reset([0], [prompt], hidden=[target_features(wide_target, prompt[:-1])])
         (p,) = tree.propose([0], [30], [greedy], [gen])
         tokens, parents = p.tokens.tolist(), p.parents.tolist()
         roots = [i for i, q in enumerate(parents) if q == -1]
@@ -241,9 +241,9 @@ def test_eagle_tree_nodes_read_their_own_path(wide_target, eagle):
         assert kids == torch.topk(second, k).indices.tolist()
 
         chain = EagleProposer(eagle, 64, wide_target.vocab_size)
-        chain.reset(0, prompt, hidden=target_features(wide_target, prompt[:-1]))
+        chain.reset([0], [prompt], hidden=[target_features(wide_target, prompt[:-1])])
         line = EagleProposer(eagle, 64, wide_target.vocab_size, tree=DynamicTree(1, 5))
-        line.reset(0, prompt, hidden=target_features(wide_target, prompt[:-1]))
+        line.reset([0], [prompt], hidden=[target_features(wide_target, prompt[:-1])])
         (a,), (b,) = chain.propose([0], [5], [greedy], [gen]), line.propose([0], [5], [greedy], [gen])
         assert a.tokens.tolist() == b.tokens.tolist() and b.parents.tolist() == [-1, 0, 1, 2, 3]
 

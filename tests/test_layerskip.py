@@ -116,9 +116,9 @@ class CheckedLayerSkip(LayerSkipProposer):
     """Checks every round against fresh prefills: each draft (and its q when sampling) is what the truncated model
     computes on the text so far, and propose() leaves cache.length as it found it."""
 
-    def reset(self, row, prompt, target, hidden=None) -> None:
-        super().reset(row, prompt, target)
-        self.text = list(prompt)
+    def reset(self, rows, prompts, target=None, hidden=None) -> None:
+        super().reset(rows, prompts, target)
+        self.text = list(prompts[0])
         self.checked = self.cache_checks = 0
 
     def propose(self, rows, gammas, sampling, generators, shapes=None):

@@ -32,7 +32,7 @@ import torch
 from scipy import stats
 
 from tests.conftest import fresh_logits
-from verispec.engine import Batch, GenerationParams
+from verispec.engine import Batch, GenerationParams, NewSequence
 from verispec.grammar import Constraint, mask_logits
 from verispec.models.llama import LlamaModel
 from verispec.proposers.base import Proposer, SequenceProposer
@@ -154,9 +154,11 @@ def sample_engine(target: LlamaModel, draft: LlamaModel | None, sampling: Sampli
         assert not isinstance(proposer, SequenceProposer), "one instance a sequence: return PerRow(factory)"
         batch = Batch(target, k, len(prompt) + max_new, slack=gamma + 2, verifier=verifier,
                       tree_verifier=tree_verifier)
-        seqs = [batch.add(prompt, GenerationParams(max_new_tokens=max_new, gamma=gamma, sampling=sampling,
-                                                   seed=seed_base + start + i, penalties=penalties),
-                          proposer, constraint=constraint() if constraint else None) for i in range(k)]
+        seqs = batch.add_many([NewSequence(prompt, GenerationParams(max_new_tokens=max_new, gamma=gamma,
+                                                                    sampling=sampling, seed=seed_base + start + i,
+                                                                    penalties=penalties),
+                                           proposer, constraint=constraint() if constraint else None)
+                               for i in range(k)])
         while batch.live:
             for step in batch.round():
                 if len(step.seq.out) >= W and step.seq.result.finish_reason is None:

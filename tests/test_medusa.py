@@ -127,7 +127,7 @@ def tiny_heads(tiny_target) -> MedusaHeads:
 def test_medusa_tree_shape(tiny_target, tiny_heads):
     """2 x 2 children, breadth first, each sibling group drawn without replacement with its q; a budget cuts it."""
     proposer = MedusaProposer(tiny_heads, tiny_target.vocab_size, widths=(2, 2))
-    proposer.reset(0, [4, 4, 1], None, target_features(tiny_target, [4, 4]))
+    proposer.reset([0], [[4, 4, 1]], None, [target_features(tiny_target, [4, 4])])
     (tree,) = proposer.propose([0], [6], [T07_P09], [torch.Generator().manual_seed(0)])
     assert tree.parents.tolist() == [-1, -1, 0, 0, 1, 1] and tree.q.shape == (6, tiny_target.vocab_size)
     assert tree.tokens[0] != tree.tokens[1] and tree.tokens[2] != tree.tokens[3]  # without replacement

@@ -291,9 +291,9 @@ class CheckedMix(DraftNgramProposer):
     """Checks after every round that the draft's cache is a fresh prefill of the text, and that its greedy drafts
     are the draft model's greedy continuation of the whole text. One sequence, in row 0."""
 
-    def reset(self, row, prompt, target=None, hidden=None) -> None:
-        super().reset(row, prompt, target)
-        self.text, self.checked, self.used_ngram = list(prompt), 0, False
+    def reset(self, rows, prompts, target=None, hidden=None) -> None:
+        super().reset(rows, prompts, target)
+        self.text, self.checked, self.used_ngram = list(prompts[0]), 0, False
 
     def propose(self, rows, gammas, sampling, generators, shapes=None):
         before = self.ngram_rounds
@@ -329,7 +329,7 @@ def test_mix_rounds_by_hand_keep_the_draft_cache_fresh(wide_draft, dtype):
     rng = random.Random(1)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     mix = CheckedMix(DraftModelProposer(model, 128), 3, min_match=1)
-    mix.reset(0, prompt)
+    mix.reset([0], [prompt])
     gen = torch.Generator().manual_seed(0)
     for who, gamma, n in ROUNDS:
         mix.min_match = 1 if who == "ngram" else 10**9

@@ -30,7 +30,7 @@ from tests.test_losslessness import (
 )
 from tests.test_ngram import LOOKUP_PROMPT
 from verispec import strategies
-from verispec.engine import Batch, GenerationParams, generate
+from verispec.engine import Batch, GenerationParams, NewSequence, generate
 from verispec.models.load import LoadedModel
 from verispec.sampling import SamplingParams, mix_seed
 from verispec.verify import verify_chain
@@ -96,6 +96,28 @@ def test_rows_of_every_strategy_equal_generate_alone(wide_target, wide_draft, ro
         assert seqs[i].result.finish_reason == "length" and seqs[i].result.error is None
         assert seqs[i].out == expected[i], (names[i], texts[i])
     assert rows == 1 or widest >= 3  # rounds really mixed strategies
+
+
+def test_rows_prefilled_together_equal_generate_alone(wide_target, wide_draft):
+    """add_many: rows of different prompt lengths and strategies prefilled in one target forward, their
+    proposers then started in one reset each (the draft model's rows prefilled in one draft forward), give what
+    each request gives alone; a request that cannot run is refused before anything is prefilled."""
+    names = ["draft", "draft", "adaptive", "draft+ngram", "tree", "layerskip", "eagle", "medusa", "ar", "draft"]
+    texts = prompts(wide_target.vocab_size, len(names), seed=11)
+    params = [GenerationParams(max_new_tokens=12, gamma=2 + i % 3, sampling=GREEDY) for i in range(len(names))]
+    expected = [generate(wide_target, t, p, proposer(s, wide_target, wide_draft, 1)).token_ids
+                for t, p, s in zip(texts, params, names)]
+    batch = Batch(wide_target, len(names), 128, slack=32)
+    shared = {s: proposer(s, wide_target, wide_draft, len(names)) for s in set(names) if s != "ar"}
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        batch.add_many([NewSequence(texts[0], params[0]), NewSequence(texts[1], GenerationParams(max_new_tokens=500))])
+    assert not batch.live and all(batch.target.length(r) == 0 for r in range(len(names)))
+    seqs = batch.add_many([NewSequence(t, p, shared.get(s)) for t, p, s in zip(texts, params, names)])
+    while batch.live:
+        batch.round()
+    for seq, want, name in zip(seqs, expected, names):
+        assert seq.result.finish_reason == "length" and seq.out == want, name
+    assert all(seq.metrics.drafted for seq, name in zip(seqs, names) if name != "ar")
 
 
 # ---- sampling: the law of each row of a mixed batch ----------------------------------------------------------------
@@ -224,6 +246,35 @@ def test_a_failing_proposer_costs_its_row_alone(wide_target, wide_draft, fall_ba
     assert seqs[0].out == plain[0] and seqs[2].out == plain[2]
     if fall_back:
         assert seqs[1].fell_back and seqs[1].out == plain[1] and seqs[1].result.finish_reason == "length"
+    else:
+        assert seqs[1].result.finish_reason == "error" and "injected" in str(seqs[1].result.error)
+
+
+@pytest.mark.parametrize("fall_back", [True, False], ids=["server-falls-back", "library-fails"])
+def test_a_failing_draft_prefill_costs_its_row_alone(wide_target, wide_draft, fall_back):
+    """Rows that start together share one reset (one draft prefill); where it fails for one of them, that row
+    alone goes on target-only (or ends), and the others start drafting as they would have alone."""
+    texts = prompts(wide_target.vocab_size, 3, seed=9)
+    params = GenerationParams(max_new_tokens=16, gamma=3, sampling=GREEDY)
+    plain = [generate(wide_target, t, GenerationParams(max_new_tokens=16, sampling=GREEDY)).token_ids for t in texts]
+    shared = proposer("draft", wide_target, wide_draft, 3)
+    real = shared.reset
+    poison = texts[1]
+
+    def broken(rows, prompts, *args):
+        if any(p[: len(poison)] == poison for p in prompts):
+            raise RuntimeError("injected: the draft's prefill failed")
+        return real(rows, prompts, *args)
+
+    shared.reset = broken
+    batch = Batch(wide_target, 3, 128, slack=32, fall_back=fall_back)
+    seqs = batch.add_many([NewSequence(t, params, shared) for t in texts])
+    while batch.live:
+        batch.round()
+    for r in (0, 2):
+        assert seqs[r].out == plain[r] and seqs[r].metrics.drafted > 0 and not seqs[r].fell_back, r
+    if fall_back:
+        assert seqs[1].fell_back and seqs[1].out == plain[1] and seqs[1].metrics.drafted == 0
     else:
         assert seqs[1].result.finish_reason == "error" and "injected" in str(seqs[1].result.error)
 

@@ -853,17 +853,17 @@ def test_server_on_cuda(dirs):
 
 
 def test_batched_draft_matches_per_sequence_draft_proposers(models):
-    """One DraftModelProposer over 4 rows (all rows in one forward per step) proposes what one single-row
-    DraftModelProposer per request proposes, round after round, with rows of different lengths, gammas and
-    acceptance, and after a row is moved."""
+    """One DraftModelProposer over 4 rows (all rows in one forward per step, their prefill too) proposes what one
+    single-row DraftModelProposer per request proposes, round after round, with rows of different lengths, gammas
+    and acceptance, and after a row is moved."""
     draft, vocab = models.draft.model, models.target.model.vocab_size
     prompts = [[13, 15, 22], [16, 17, 13, 15, 22, 16, 17], [22]]
     batched = DraftModelProposer(draft, 128, vocab_size=vocab, rows=4)
     singles = [DraftModelProposer(draft, 128, vocab_size=vocab) for _ in prompts]
     rows = [0, 1, 3]  # row 2 is free: a gathered, not sliced, batch
-    for r, p, single in zip(rows, prompts, singles):
-        batched.reset(r, p)
-        single.reset(0, p)
+    batched.reset(rows, prompts)  # the three prefilled in one forward, as the round starts rows together
+    for p, single in zip(prompts, singles):
+        single.reset([0], [p])
     greedy = SamplingParams()
     rng = random.Random(0)
     for round_ in range(6):

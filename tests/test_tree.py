@@ -213,7 +213,7 @@ def test_draft_tree_probabilities_are_the_drafts_at_each_node(wide_target, wide_
     prompt = [3, 1, 4, 1, 5]
     sampling = SamplingParams(temperature=1.0)
     prop = TreeDraftProposer(wide_draft, 64, shape=SHAPE)
-    prop.reset(0, prompt)
+    prop.reset([0], [prompt])
     (proposal,) = prop.propose([0], [len(SHAPE)], [sampling], [torch.Generator().manual_seed(0)])
     tokens, parents = proposal.tokens.tolist(), proposal.parents.tolist()
     assert parents == list(SHAPE.parents)

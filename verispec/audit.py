@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from verispec.engine import Batch, GenerationParams, generate
+from verispec.engine import Batch, GenerationParams, NewSequence, generate
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Proposer
 from verispec.sampling import SamplingParams, logits_to_probs
@@ -169,10 +169,11 @@ def sample_arm(target: CausalLM, prompt: list[int], proposer: Proposer | None, s
     started = 0
     live: list = []
     while started < samples or batch.live:
-        while started < samples and len(batch.live) < rows:
-            params = GenerationParams(max_new_tokens=length, gamma=gamma, sampling=sampling, seed=seed + started)
-            live.append(batch.add(prompt, params, proposer))
-            started += 1
+        k = min(samples - started, rows - len(batch.live))  # the free rows, prefilled in one forward
+        live += batch.add_many([NewSequence(prompt, GenerationParams(max_new_tokens=length, gamma=gamma,
+                                                                     sampling=sampling, seed=seed + started + i),
+                                            proposer) for i in range(k)])
+        started += k
         batch.round()
         for seq in [s for s in live if s.result.finish_reason is not None]:
             live.remove(seq)

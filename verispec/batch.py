@@ -91,15 +91,23 @@ def make_rows(model: CausalLM, rows: int, max_len: int, slack: int) -> Rows:
     return LoopRows(model, rows, max_len, slack)
 
 
-def prefill(target: Rows, r: int, tokens: list[int]) -> Tensor | None:
-    """Write and commit `tokens` into the empty row r (a prompt but its last token). Returns the last block's
-    outputs there [len(tokens), H] (None where the model gives none, or no tokens)."""
-    target.free(r)
-    if not tokens:
-        return None
-    _, states = target.forward([r], [tokens], last_only=True, hidden=True)
-    target.commit(r, len(tokens))
-    return states[0]
+def prefill_rows(target: Rows, rows: list[int], tokens: list[list[int]]) -> list[Tensor | None]:
+    """Write and commit tokens[i] into the empty row rows[i] (a prompt but its last token), every row in one
+    forward: its overhead is paid once (most of a tiny model's time, or a batch of short prompts'). Returns each
+    row's last-block outputs there [len(tokens[i]), H] (None where the model gives none, or no tokens). A row gets
+    what a forward of its own would write where the model's rows do not depend on each other (the w4a8 kernel's;
+    every query attends on its own)."""
+    for r in rows:
+        target.free(r)
+    todo = [i for i, t in enumerate(tokens) if t]
+    out: list[Tensor | None] = [None] * len(rows)
+    if not todo:
+        return out
+    _, states = target.forward([rows[i] for i in todo], [tokens[i] for i in todo], last_only=True, hidden=True)
+    for i, state in zip(todo, states):
+        target.commit(rows[i], len(tokens[i]))
+        out[i] = state
+    return out
 
 
 class NativeRows:

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from verispec.batch import Rows, Tree, make_rows, prefill, tree_layout
+from verispec.batch import Rows, Tree, make_rows, prefill_rows, tree_layout
 from verispec.grammar import Constraint, mask_logits
 from verispec.metrics import RequestMetrics
 from verispec.models.base import CausalLM
@@ -168,23 +168,38 @@ def extra_layout(g: int, proposal: Proposal) -> Tree:
 
 
 def _per_row(fn: Callable[[list[int]], list[T]], idx: list[int],
-             generators: list[torch.Generator]) -> list[T | BaseException]:
-    """fn over all of `idx` at once; if that raises, over each alone from the same random state, so only the
-    failing ones get their exception (a batch's failure must not cost the other rows anything)."""
-    states = [g.get_state() for g in generators]
+             generators: list[torch.Generator] | None = None) -> list[T | BaseException]:
+    """fn over all of `idx` at once; if that raises, over each alone (from the same random state, where fn draws
+    from `generators`), so only the failing ones get their exception (a batch's failure must not cost the other
+    rows anything)."""
+    states = [g.get_state() for g in generators] if generators is not None else [None] * len(idx)
     try:
         return list(fn(idx))
     except Exception as e:  # noqa: BLE001
         if len(idx) == 1:
             return [e]
     out: list[T | BaseException] = []
-    for i, g, state in zip(idx, generators, states):
-        g.set_state(state)
+    for i, g, state in zip(idx, generators or [None] * len(idx), states):
+        if g is not None:
+            g.set_state(state)
         try:
             out.append(fn([i])[0])
         except Exception as e:  # noqa: BLE001 - this row alone
             out.append(e)
     return out
+
+
+@dataclass
+class NewSequence:
+    """Batch.add()'s arguments, for Batch.add_many."""
+
+    prompt: list[int]
+    params: GenerationParams
+    proposer: Proposer | None = None
+    stop_fn: StopFn | None = None
+    tag: Any = None
+    result: Generation | None = None
+    constraint: Constraint | None = None
 
 
 class Batch:
@@ -217,39 +232,63 @@ class Batch:
         """Prefill a sequence into the next free row; `result` (default a new Generation) receives its ids,
         finish reason and metrics as they come; `constraint`: a grammar its output follows (one per sequence).
         Raises ValueError for a request that cannot run."""
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        if len(self.live) >= self.target.rows:
-            raise ValueError(f"the batch is full ({self.target.rows} rows)")
-        if len(prompt) + params.max_new_tokens > self.max_len:
-            raise ValueError(f"prompt ({len(prompt)}) + max new tokens exceeds the model's context ({self.max_len})")
-        row = len(self.live)
-        metrics = RequestMetrics(gamma=params.gamma if proposer else 0, prompt_tokens=len(prompt))
-        result = result if result is not None else Generation()
-        result.metrics = metrics
-        t0 = time.perf_counter()
-        hidden = prefill(self.target, row, prompt[:-1])
-        metrics.prefill_seconds = time.perf_counter() - t0
-        seq = Sequence(prompt=prompt, params=params, proposer=proposer, stop_fn=stop_fn,
-                       generator=make_generator(params.seed, self.target.model.device), result=result,
-                       pending=prompt[-1], tag=tag, constraint=constraint, prefill_hidden=hidden)
-        self.live.append(seq)
-        return seq
+        return self.add_many([NewSequence(prompt, params, proposer, stop_fn, tag, result, constraint)])[0]
 
-    def _start(self, seq: Sequence, row: int, emitted: list[int], hidden: torch.Tensor | None) -> None:
-        """Start the row's proposer after its first round: its sequence is the prompt and what that round emitted,
-        and the target's features cover all of it but the new pending token (the prompt's, then the round's)."""
-        assert seq.proposer is not None
-        seq.started = True
-        before = seq.prefill_hidden
-        features = hidden if before is None else before if hidden is None else torch.cat([before, hidden])
-        seq.prefill_hidden = None
+    def add_many(self, news: list[NewSequence]) -> list[Sequence]:
+        """add() of several sequences, prefilled together in one target forward (a caller that starts many at
+        once: the law tests, the audit). Raises ValueError, before any prefill, if one of them cannot run."""
+        if len(self.live) + len(news) > self.target.rows:
+            raise ValueError(f"the batch is full ({self.target.rows} rows)")
+        for new in news:
+            if not new.prompt:
+                raise ValueError("the prompt is empty")
+            if len(new.prompt) + new.params.max_new_tokens > self.max_len:
+                raise ValueError(f"prompt ({len(new.prompt)}) + max new tokens exceeds the model's context "
+                                 f"({self.max_len})")
+        rows = list(range(len(self.live), len(self.live) + len(news)))
+        metrics = [RequestMetrics(gamma=n.params.gamma if n.proposer else 0, prompt_tokens=len(n.prompt))
+                   for n in news]
         t0 = time.perf_counter()
-        try:
-            seq.proposer.reset(row, seq.prompt + emitted, self.target, features)  # a draft model prefills here
-        except Exception as e:  # noqa: BLE001 - the row goes on target-only
-            self._fall_back(seq, row, e)
-        seq.metrics.proposer_prefill_seconds = time.perf_counter() - t0
+        hidden = prefill_rows(self.target, rows, [n.prompt[:-1] for n in news])
+        seconds = time.perf_counter() - t0  # each waited for all of it
+        seqs = []
+        for new, m, h in zip(news, metrics, hidden):
+            result = new.result if new.result is not None else Generation()
+            result.metrics = m
+            m.prefill_seconds = seconds
+            seq = Sequence(prompt=new.prompt, params=new.params, proposer=new.proposer, stop_fn=new.stop_fn,
+                           generator=make_generator(new.params.seed, self.target.model.device), result=result,
+                           pending=new.prompt[-1], tag=new.tag, constraint=new.constraint, prefill_hidden=h)
+            self.live.append(seq)
+            seqs.append(seq)
+        return seqs
+
+    def _start(self, proposer: Proposer, rows: list[int]) -> None:
+        """Start `proposer` on these rows after their first round, in one reset (a draft model prefills them in one
+        forward): each row's sequence is its prompt and what that round emitted, and the target's features cover
+        all of it but the new pending token (the prompt's, then the round's). A row whose reset fails goes on
+        target-only (or ends: fall_back), the others start."""
+        seqs = [self.live[r] for r in rows]
+        prompts, features = [], []
+        for seq in seqs:
+            assert seq.proposer is proposer and seq.start_with is not None
+            emitted, hidden = seq.start_with
+            before = seq.prefill_hidden
+            seq.start_with, seq.prefill_hidden, seq.started = None, None, True
+            prompts.append(seq.prompt + emitted)
+            features.append(hidden if before is None else before if hidden is None else torch.cat([before, hidden]))
+
+        def reset(ii: list[int]) -> list[None]:
+            proposer.reset([rows[i] for i in ii], [prompts[i] for i in ii], self.target, [features[i] for i in ii])
+            return [None] * len(ii)
+
+        t0 = time.perf_counter()
+        got = _per_row(reset, list(range(len(rows))))
+        seconds = time.perf_counter() - t0  # each waited for all of it
+        for seq, row, outcome in zip(seqs, rows, got):
+            if isinstance(outcome, BaseException):
+                self._fall_back(seq, row, outcome)
+            seq.metrics.proposer_prefill_seconds = seconds
 
     def remove(self, seq: Sequence, reason: str = "cancelled") -> None:
         """Take a sequence out of the batch (its request ended, or was cancelled)."""
@@ -295,15 +334,14 @@ class Batch:
         """One round over every live sequence; finished ones leave the batch. speculate=False: no drafting."""
         for s in [s for s in self.live if s.result.finish_reason is not None]:  # e.g. its proposer failed at add
             self.remove(s)
-        for i, s in enumerate(self.live):  # proposers of rows whose first round is out start now
-            if s.start_with is not None:
-                emitted, hidden = s.start_with
-                s.start_with = None
-                self._start(s, i, emitted, hidden)
+        starting = [i for i, s in enumerate(self.live) if s.start_with is not None]  # their first round is out
+        for proposer in {id(self.live[i].proposer): self.live[i].proposer for i in starting}.values():
+            self._start(proposer, [i for i in starting if self.live[i].proposer is proposer])
         seqs = list(self.live)
         target = self.target
         gammas = [min(s.params.gamma, s.params.max_new_tokens - len(s.out) - 1)
-                  if speculate and s.speculate and s.started and s.proposer is not None else 0 for s in seqs]
+                  if speculate and s.speculate and s.started and s.proposer is not None
+                  and s.result.finish_reason is None else 0 for s in seqs]  # a row whose proposer failed to start
         proposals: list[Proposal | None] = [None] * len(seqs)
         shapes = [s.shaper() for s in seqs]
         for proposer in {id(s.proposer): s.proposer for s, g in zip(seqs, gammas) if g > 0}.values():

@@ -71,9 +71,11 @@ class AdaptiveGammaProposer:
         e = self.rows[row]
         return alpha_iid(e.accepted, e.rejected)  # never None: the prior weighs in
 
-    def reset(self, row: int, prompt: list[int], target: Rows | None = None, hidden: torch.Tensor | None = None) -> None:
-        self.draft.reset(row, prompt, target, hidden)
-        self.rows[row] = Estimates(*self.prior)
+    def reset(self, rows: list[int], prompts: list[list[int]], target: Rows | None = None,
+              hidden: list[torch.Tensor | None] | None = None) -> None:
+        self.draft.reset(rows, prompts, target, hidden)
+        for row in rows:
+            self.rows[row] = Estimates(*self.prior)
 
     def _choose(self, row: int, gamma: int) -> int:
         e = self.rows[row]

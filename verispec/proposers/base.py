@@ -3,12 +3,14 @@
 The round (verispec.engine.Batch.round) addresses sequences by their row in the target's cache. A proposer
 serves any number of rows at once:
 
-    reset(row, prompt, target, hidden)  a sequence starts in `row` (after its first round, a plain step, so that
-                                     a draft's prefill does not delay the first token: `prompt` is the prompt
-                                     and that round's token); the target cache row holds all of it but its
-                                     last token (a self-speculating proposer drafts in it; others ignore it);
-                                     hidden [len(prompt) - 1, H]: the target's last-block outputs there (a
-                                     feature-level drafter reads them; None where the target gives none)
+    reset(rows, prompts, target, hidden)  sequences start in `rows` (after their first round, a plain step, so
+                                     that a draft's prefill does not delay the first token: prompts[i] is the
+                                     prompt and that round's token), in one call (a draft model prefills them
+                                     in one forward); the target cache row holds all of it but its last token
+                                     (a self-speculating proposer drafts in it; others ignore it); hidden[i]
+                                     [len(prompts[i]) - 1, H]: the target's last-block outputs there (a
+                                     feature-level drafter reads them; None, or hidden None, where the target
+                                     gives none)
     propose(rows, gammas, ...)       up to gammas[i] tokens for each of `rows`, in as few forwards as it can
     observe(row, outcome)            the round's outcome for one row
     move(src, dst) / free(row)       the round keeps live rows packed at 0 .. n-1
@@ -77,6 +79,11 @@ class ProposerStats:
     seconds: float = 0.0  # time spent drafting
 
 
+def each_hidden(rows: list[int], hidden: list[Tensor | None] | None) -> list[Tensor | None]:
+    """reset()'s hidden, one entry a row (None for every row where the caller gave none)."""
+    return [None] * len(rows) if hidden is None else hidden
+
+
 def charge(stats: dict[int, ProposerStats], rows: list[int], since: float) -> None:
     """One batched draft forward for `rows`, begun at perf_counter() == since: each row gets the forward and an
     equal share of the seconds (c, and the drafting time per request, are per row)."""
@@ -87,7 +94,8 @@ def charge(stats: dict[int, ProposerStats], rows: list[int], since: float) -> No
 
 
 class Proposer(Protocol):
-    def reset(self, row: int, prompt: list[int], target: "Rows", hidden: Tensor | None = None) -> None: ...
+    def reset(self, rows: list[int], prompts: list[list[int]], target: "Rows | None" = None,
+              hidden: list[Tensor | None] | None = None) -> None: ...
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
                 generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:
@@ -131,10 +139,12 @@ class PerRow:
         self.factory = factory
         self.by_row: dict[int, SequenceProposer] = {}
 
-    def reset(self, row: int, prompt: list[int], target: "Rows", hidden: Tensor | None = None) -> None:
-        proposer = self.factory()
-        proposer.reset(prompt)
-        self.by_row[row] = proposer
+    def reset(self, rows: list[int], prompts: list[list[int]], target: "Rows | None" = None,
+              hidden: list[Tensor | None] | None = None) -> None:
+        for row, prompt in zip(rows, prompts):
+            proposer = self.factory()
+            proposer.reset(prompt)
+            self.by_row[row] = proposer
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
                 generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:

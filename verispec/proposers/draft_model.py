@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from verispec.batch import Rows, make_rows, prefill
+from verispec.batch import Rows, make_rows, prefill_rows
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Outcome, Proposal, ProposerStats, charge
 from verispec.sampling import SamplingParams, Shaper, argmax, logits_to_probs, sample
@@ -147,10 +147,12 @@ class DraftModelProposer:
         self.fed: dict[int, int] = {}  # slots written past the committed length in the row's current round
         self._stats: dict[int, ProposerStats] = {}
 
-    def reset(self, row: int, prompt: list[int], target: Rows | None = None, hidden: Tensor | None = None) -> None:
-        prefill(self.cache, row, draft_context(prompt[:-1], self.context))
-        self.pending[row], self.fed[row] = prompt[-1:], 0
-        self._stats[row] = ProposerStats()  # count drafting only, not the prefill
+    def reset(self, rows: list[int], prompts: list[list[int]], target: Rows | None = None,
+              hidden: list[Tensor | None] | None = None) -> None:
+        prefill_rows(self.cache, rows, [draft_context(p[:-1], self.context) for p in prompts])  # one forward
+        for row, prompt in zip(rows, prompts):
+            self.pending[row], self.fed[row] = prompt[-1:], 0
+            self._stats[row] = ProposerStats()  # count drafting only, not the prefill
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
                 generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from verispec.batch import Rows, make_rows
 from verispec.models.eagle import EagleDrafter
-from verispec.proposers.base import Outcome, Proposal, ProposerStats, charge
+from verispec.proposers.base import Outcome, Proposal, ProposerStats, charge, each_hidden
 from verispec.proposers.draft_model import draft_steps, to_vocab
 from verispec.proposers.tree import depth_tree, path_to
 from verispec.sampling import SamplingParams, Shaper
@@ -74,15 +74,18 @@ class EagleProposer:
         self.fed: dict[int, int] = {}  # pairs fed in the row's current round (committed in observe)
         self._stats: dict[int, ProposerStats] = {}
 
-    def reset(self, row: int, prompt: list[int], target: Rows | None = None, hidden: Tensor | None = None) -> None:
-        if hidden is None and len(prompt) > 1:
+    def reset(self, rows: list[int], prompts: list[list[int]], target: Rows | None = None,
+              hidden: list[Tensor | None] | None = None) -> None:
+        hidden = each_hidden(rows, hidden)
+        if any(h is None and len(p) > 1 for h, p in zip(hidden, prompts)):
             raise ValueError("EAGLE drafting needs the target's hidden states (a native Llama-family target)")
-        self.cache.free(row)
-        self.tokens[row] = list(prompt[1:])
-        self.features[row] = self.drafter.fuse_features(hidden) if hidden is not None \
-            else torch.empty(0, self.drafter.eagle.hidden_size)
-        self.fed[row] = 0
-        self._stats[row] = ProposerStats()
+        for row, prompt, h in zip(rows, prompts, hidden):
+            self.cache.free(row)
+            self.tokens[row] = list(prompt[1:])
+            self.features[row] = self.drafter.fuse_features(h) if h is not None \
+                else torch.empty(0, self.drafter.eagle.hidden_size)
+            self.fed[row] = 0
+            self._stats[row] = ProposerStats()
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
                 generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:

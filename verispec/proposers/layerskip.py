@@ -63,13 +63,16 @@ class LayerSkipProposer:
         self.pending: dict[int, int] = {}
         self._stats: dict[int, ProposerStats] = {}
 
-    def reset(self, row: int, prompt: list[int], target: Rows, hidden: torch.Tensor | None = None) -> None:
-        if target.model is not self.model:
+    def reset(self, rows: list[int], prompts: list[list[int]], target: Rows | None = None,
+              hidden: list[torch.Tensor | None] | None = None) -> None:
+        if target is None or target.model is not self.model:
             raise ValueError("layer-skip drafts in the target's own cache: reset it with the target's rows")
-        assert target.length(row) == len(prompt) - 1, "the target cache must hold the prompt but its last token"
+        for row, prompt in zip(rows, prompts):
+            assert target.length(row) == len(prompt) - 1, "the target cache must hold the prompt but its last token"
         self.target = target
-        self.pending[row] = prompt[-1]
-        self._stats[row] = ProposerStats()
+        for row, prompt in zip(rows, prompts):
+            self.pending[row] = prompt[-1]
+            self._stats[row] = ProposerStats()
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
                 generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:

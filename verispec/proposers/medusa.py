@@ -23,7 +23,7 @@ from torch import Tensor
 from verispec.batch import Rows
 from verispec.models.llama import last_block
 from verispec.models.medusa import MedusaHeads
-from verispec.proposers.base import Outcome, Proposal, ProposerStats, charge
+from verispec.proposers.base import Outcome, Proposal, ProposerStats, charge, each_hidden
 from verispec.proposers.draft_model import probs_on_vocab, to_vocab
 from verispec.proposers.tree import draw_children, path_to
 from verispec.sampling import SamplingParams, Shaper, argmax, logits_to_probs, sample
@@ -86,17 +86,20 @@ class MedusaProposer:
         self.counts[row].widths = widths
         return widths
 
-    def reset(self, row: int, prompt: list[int], target: Rows | None = None, hidden: Tensor | None = None) -> None:
-        if hidden is None and len(prompt) > 1:
+    def reset(self, rows: list[int], prompts: list[list[int]], target: Rows | None = None,
+              hidden: list[Tensor | None] | None = None) -> None:
+        hidden = each_hidden(rows, hidden)
+        if any(h is None and len(p) > 1 for h, p in zip(hidden, prompts)):
             raise ValueError("Medusa heads need the target's hidden states (a native Llama-family target)")
-        self.feature[row] = last_block(hidden[-1:], self.heads.medusa.hidden_size) \
-            if hidden is not None and len(hidden) else None  # none for 1-token prompts
-        self._stats[row] = ProposerStats()
-        if self.plan is not None:
-            k, w = self.heads.medusa.heads, self.plan.max_width
-            prior = [[a * PRIOR_HEAD_DECAY ** d * self.plan.prior_weight for a in PRIOR_HEAD_ACCEPT[:w]]
-                     + [0.0] * (w - len(PRIOR_HEAD_ACCEPT[:w])) for d in range(k)]
-            self.counts[row] = _Counts(prior, [self.plan.prior_weight] * k)
+        for row, h in zip(rows, hidden):
+            self.feature[row] = last_block(h[-1:], self.heads.medusa.hidden_size) \
+                if h is not None and len(h) else None  # none for 1-token prompts
+            self._stats[row] = ProposerStats()
+            if self.plan is not None:
+                k, w = self.heads.medusa.heads, self.plan.max_width
+                prior = [[a * PRIOR_HEAD_DECAY ** d * self.plan.prior_weight for a in PRIOR_HEAD_ACCEPT[:w]]
+                         + [0.0] * (w - len(PRIOR_HEAD_ACCEPT[:w])) for d in range(k)]
+                self.counts[row] = _Counts(prior, [self.plan.prior_weight] * k)
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
                 generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:

@@ -28,11 +28,12 @@ class DraftNgramProposer:
         self.ngrams: dict[int, NgramProposer] = {}
         self.ngram_rounds = 0  # rounds (of any row) drafted by the n-gram lookup (for tests and curiosity)
 
-    def reset(self, row: int, prompt: list[int], target: Rows | None = None,
-              hidden: torch.Tensor | None = None) -> None:
-        self.draft.reset(row, prompt, target, hidden)
-        self.ngrams[row] = NgramProposer(self.ngram_max, self.min_match)
-        self.ngrams[row].reset(prompt)
+    def reset(self, rows: list[int], prompts: list[list[int]], target: Rows | None = None,
+              hidden: list[torch.Tensor | None] | None = None) -> None:
+        self.draft.reset(rows, prompts, target, hidden)
+        for row, prompt in zip(rows, prompts):
+            self.ngrams[row] = NgramProposer(self.ngram_max, self.min_match)
+            self.ngrams[row].reset(prompt)
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
                 generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:

@@ -41,10 +41,12 @@ class SyntheticProposer:
         self.done: dict[int, int] = {}  # reference tokens already emitted, per row
         self.prompt_len = prompt_len
 
-    def reset(self, row: int, prompt: list[int], target: Rows, hidden: torch.Tensor | None = None) -> None:
+    def reset(self, rows: list[int], prompts: list[list[int]], target: Rows | None = None,
+              hidden: list[torch.Tensor | None] | None = None) -> None:
         if self.inner is not None:
-            self.inner.reset(row, prompt, target, hidden)
-        self.done[row] = 0 if self.prompt_len is None else len(prompt) - self.prompt_len
+            self.inner.reset(rows, prompts, target, hidden)
+        for row, prompt in zip(rows, prompts):
+            self.done[row] = 0 if self.prompt_len is None else len(prompt) - self.prompt_len
 
     def propose(self, rows: list[int], gammas: list[int], sampling: list[SamplingParams],
                 generators: list[torch.Generator], shapes: list[Shaper | None] | None = None) -> list[Proposal]:

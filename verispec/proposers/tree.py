@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from verispec.batch import Rows, Tree, make_rows, prefill
+from verispec.batch import Rows, Tree, make_rows, prefill_rows
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Outcome, Proposal, ProposerStats, charge
 from verispec.proposers.draft_model import probs_on_vocab, to_vocab
@@ -130,10 +130,12 @@ class TreeDraftProposer:
         t = self.rows[row]
         return [h / n for h, n in zip(t.hits, t.chances)]
 
-    def reset(self, row: int, prompt: list[int], target: Rows | None = None, hidden: Tensor | None = None) -> None:
-        prefill(self.cache, row, prompt[:-1])
-        self.rows[row] = RowTree(prompt[-1:], list(self.prior[0]), list(self.prior[1]))
-        self._stats[row] = ProposerStats()
+    def reset(self, rows: list[int], prompts: list[list[int]], target: Rows | None = None,
+              hidden: list[Tensor | None] | None = None) -> None:
+        prefill_rows(self.cache, rows, [p[:-1] for p in prompts])
+        for row, prompt in zip(rows, prompts):
+            self.rows[row] = RowTree(prompt[-1:], list(self.prior[0]), list(self.prior[1]))
+            self._stats[row] = ProposerStats()
 
     def shape_for(self, row: int, budget: int) -> TreeShape:
         """This round's tree: the planned one, or none (a plain step) where pausing pays."""

@@ -133,8 +133,9 @@ class OneRowAtATime:
     def __init__(self, inner: Proposer) -> None:
         self.inner = inner
 
-    def reset(self, row: int, prompt: list[int], target, hidden=None) -> None:
-        self.inner.reset(row, prompt, target, hidden)
+    def reset(self, rows: list[int], prompts: list[list[int]], target=None, hidden=None) -> None:
+        for i, (row, prompt) in enumerate(zip(rows, prompts)):
+            self.inner.reset([row], [prompt], target, None if hidden is None else [hidden[i]])
 
     def propose(self, rows, gammas, sampling, generators, shapes=None) -> list[Proposal]:
         shapes = shapes or [None] * len(rows)
