@@ -172,14 +172,15 @@ def _per_row(fn: Callable[[list[int]], list[T]], idx: list[int],
     """fn over all of `idx` at once; if that raises, over each alone (from the same random state, where fn draws
     from `generators`), so only the failing ones get their exception (a batch's failure must not cost the other
     rows anything)."""
-    states = [g.get_state() for g in generators] if generators is not None else [None] * len(idx)
+    gens = generators if generators is not None else [None] * len(idx)
+    states = [g.get_state() if g is not None else None for g in gens]
     try:
         return list(fn(idx))
     except Exception as e:  # noqa: BLE001
         if len(idx) == 1:
             return [e]
     out: list[T | BaseException] = []
-    for i, g, state in zip(idx, generators or [None] * len(idx), states):
+    for i, g, state in zip(idx, gens, states):
         if g is not None:
             g.set_state(state)
         try:
@@ -187,6 +188,14 @@ def _per_row(fn: Callable[[list[int]], list[T]], idx: list[int],
         except Exception as e:  # noqa: BLE001 - this row alone
             out.append(e)
     return out
+
+
+def _by_proposer(seqs: list[Sequence], idx: list[int]) -> list[tuple[Proposer, list[int]]]:
+    """The rows idx grouped by their sequence's proposer (one call serves all of a proposer's rows), in order."""
+    groups: dict[int, tuple[Proposer, list[int]]] = {}
+    for i in idx:
+        groups.setdefault(id(seqs[i].proposer), (seqs[i].proposer, []))[1].append(i)
+    return list(groups.values())
 
 
 @dataclass
@@ -335,8 +344,8 @@ class Batch:
         for s in [s for s in self.live if s.result.finish_reason is not None]:  # e.g. its proposer failed at add
             self.remove(s)
         starting = [i for i, s in enumerate(self.live) if s.start_with is not None]  # their first round is out
-        for proposer in {id(self.live[i].proposer): self.live[i].proposer for i in starting}.values():
-            self._start(proposer, [i for i in starting if self.live[i].proposer is proposer])
+        for proposer, rows in _by_proposer(self.live, starting):
+            self._start(proposer, rows)
         seqs = list(self.live)
         target = self.target
         gammas = [min(s.params.gamma, s.params.max_new_tokens - len(s.out) - 1)
@@ -344,8 +353,7 @@ class Batch:
                   and s.result.finish_reason is None else 0 for s in seqs]  # a row whose proposer failed to start
         proposals: list[Proposal | None] = [None] * len(seqs)
         shapes = [s.shaper() for s in seqs]
-        for proposer in {id(s.proposer): s.proposer for s, g in zip(seqs, gammas) if g > 0}.values():
-            idx = [i for i, s in enumerate(seqs) if s.proposer is proposer and gammas[i] > 0]
+        for proposer, idx in _by_proposer(seqs, [i for i, g in enumerate(gammas) if g > 0]):
             got = _per_row(lambda ii: proposer.propose(ii, [gammas[i] for i in ii],
                                                        [seqs[i].params.sampling for i in ii],
                                                        [seqs[i].generator for i in ii], [shapes[i] for i in ii]),

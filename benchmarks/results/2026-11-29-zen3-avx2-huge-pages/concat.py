@@ -3,19 +3,15 @@ concatenation, 2 then 1 threads (9 reps each, twice).
 
     python concat.py
 """
-import time, torch, statistics, sys
-from verispec.models.load import load, default_threads
-from verispec.models.packaged import DEFAULT_DRAFT
-from verispec.models.quant import truncate_head, W4A8Linear
+import time, torch, statistics
 from verispec.models.kernels import w4a8
-default_threads()
-m = load(DEFAULT_DRAFT, dtype="w4a8-4bit", progress=False)
-lin = [mod for mod in m.model.modules() if isinstance(mod, W4A8Linear)]
+from as_run import model_and_linears, weight_bytes
+_, lin = model_and_linears("draft")
 k = w4a8()
 gu = [l for l in lin if l.out_features == 9728]
 W = torch.cat([l.weight for l in gu]); C = torch.cat([l.codes for l in gu]); U = torch.cat([l.units for l in gu])
 x = torch.randn(1, 896); e = torch.empty(0)
-nb = sum(l.weight.numel() + l.codes.numel() + l.units.numel()*2 for l in gu)
+nb = weight_bytes(gu)
 def sep():
     t = time.perf_counter()
     for l in gu: k.w4a8_mm(x, l.weight, l.codes, l.units, e)

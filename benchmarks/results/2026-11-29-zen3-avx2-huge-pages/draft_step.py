@@ -3,19 +3,11 @@ matmuls alone, one after another with the same weights: how much of a draft step
 
     python draft_step.py
 """
-import time, torch, statistics
-from verispec.models.load import load, default_threads
-from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
-from verispec.models.quant import truncate_head, W4A8Linear
+import time, torch, statistics, sys
 from verispec.models.kernels import w4a8
-import sys
-default_threads()
-which = sys.argv[1] if len(sys.argv) > 1 else "draft"
-m = load(DEFAULT_DRAFT if which == "draft" else DEFAULT_TARGET, dtype="w4a8-4bit" if which=="draft" else "w4a8", progress=False)
-model = m.model
-if which == "draft": truncate_head(model, 65536)
-lin = [mod for mod in model.modules() if isinstance(mod, W4A8Linear)]
-nbytes = sum(l.weight.numel() + l.codes.numel() + l.units.numel()*2 for l in lin)
+from as_run import model_and_linears, weight_bytes
+model, lin = model_and_linears(sys.argv[1] if len(sys.argv) > 1 else "draft")
+nbytes = weight_bytes(lin)
 other = sum(p.numel()*p.element_size() for n,p in model.named_parameters())
 print("w4a8 bytes MB", nbytes/1e6, "linears", len(lin), "other param MB", other/1e6)
 cache = model.new_cache(1024)

@@ -6,15 +6,10 @@ An earlier version ran an anonymous copy without the advice ("anon4k") in fileRO
     python huge_pages.py draft|target [T] [reps]
 """
 import time, torch, statistics, sys, mmap
-from verispec.models.load import load, default_threads
 from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
-from verispec.models.quant import truncate_head, W4A8Linear
-default_threads()
+from as_run import model_and_linears
 which = sys.argv[1]
-m = load(DEFAULT_DRAFT if which == "draft" else DEFAULT_TARGET, dtype="w4a8-4bit" if which=="draft" else "w4a8", progress=False)
-model = m.model
-if which == "draft": truncate_head(model, 65536)
-lin = [mod for mod in model.modules() if isinstance(mod, W4A8Linear)]
+model, lin = model_and_linears(which)
 cache = model.new_cache(1024)
 model.forward(torch.randint(0, 1000, (1, 300)), cache); cache.commit(300)
 T = int(sys.argv[2]) if len(sys.argv) > 2 else 1

@@ -5,16 +5,10 @@ bytes read per second (each group's matrices in turn, 7 times; the draft's 33 MB
     python per_shape.py draft|target
 """
 import time, torch, statistics, sys
-from verispec.models.load import load, default_threads
-from verispec.models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
-from verispec.models.quant import truncate_head, W4A8Linear
 from verispec.models.kernels import w4a8
-default_threads()
+from as_run import model_and_linears, weight_bytes
 which = sys.argv[1]
-m = load(DEFAULT_DRAFT if which == "draft" else DEFAULT_TARGET, dtype="w4a8-4bit" if which=="draft" else "w4a8", progress=False)
-model = m.model
-if which == "draft": truncate_head(model, 65536)
-lin = [mod for mod in model.modules() if isinstance(mod, W4A8Linear)]
+model, lin = model_and_linears(which)
 k = w4a8()
 groups = {}
 for l in lin: groups.setdefault((l.in_features, l.out_features, l.bits), []).append(l)
@@ -22,7 +16,7 @@ xs = {l: torch.randn(1, l.in_features) for l in lin}
 for th in (2, 1):
     torch.set_num_threads(th)
     for key, ls in groups.items():
-        nb = sum(l.weight.numel() + l.codes.numel() + l.units.numel()*2 for l in ls)
+        nb = weight_bytes(ls)
         ts = []
         for rep in range(7):
             t = time.perf_counter()
