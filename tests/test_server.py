@@ -625,14 +625,20 @@ def test_disconnect_frees_the_row_at_once(hooked, hooked_url):
     # The target's forwards: the prefill, the first round (its chunk reaches the client), then the second round,
     # held until the client has gone: the request is mid-stream when it leaves, however slowly this machine runs
     # (a 0.05 s delay a forward instead let it finish first in 2 of 10 loaded runs, 2026-11-29).
+    # The line iterator is kept in a variable: a generator expression over r.iter_lines() left after next() is
+    # collected at once, and closing it closes the connection (the client gone before it asked /v1/state: 2 of 6
+    # loaded runs failed so, 2026-11-29). The server's counters are read as differences: other tests share it.
     embed = hooked.target.model.embed
     embed.calls, embed.hold_at = 0, 3
     embed.release.clear()
+    cancelled = 'verispec_requests_total{finish_reason="cancelled"}'
     try:
         with httpx.Client(base_url=hooked_url, timeout=30) as c:
+            before = c.get("/metrics").text
             with c.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": "x ( a )", "max_tokens": 128,
                                                            "temperature": 0, "stream": True}) as r:
-                first = next(line for line in r.iter_lines() if line.startswith("data: "))
+                lines = r.iter_lines()
+                first = next(line for line in lines if line.startswith("data: "))
                 assert json.loads(first[6:])["choices"]
                 assert _state(c)["running"] == 1
             # the response is closed: once the held forward returns, the server must notice and free the
@@ -642,9 +648,12 @@ def test_disconnect_frees_the_row_at_once(hooked, hooked_url):
             while _state(c)["running"] or _state(c)["rows_in_use"]:
                 assert time.monotonic() < deadline, _state(c)
                 time.sleep(0.02)
-            text = c.get("/metrics").text
-            assert _metric(text, 'verispec_requests_total{finish_reason="cancelled"}') == 1
-            assert _metric(text, "verispec_generation_tokens_total") < 128
+            after = c.get("/metrics").text
+            def grew(name: str) -> float:  # a labelled counter is absent until first counted
+                return _metric(after, name) - (0.0 if math.isnan(v := _metric(before, name)) else v)
+
+            assert grew(cancelled) == 1
+            assert grew("verispec_generation_tokens_total") < 128
             assert complete(c, "x", 5)["choices"][0]["token_ids"]  # still serving
     finally:
         embed.hold_at = None
