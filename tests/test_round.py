@@ -17,6 +17,7 @@ import copy
 import dataclasses
 import logging
 import random
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from tests.test_losslessness import (
 )
 from tests.test_ngram import LOOKUP_PROMPT
 from verispec import strategies
+from verispec.batch import prefill_rows
 from verispec.engine import Batch, GenerationParams, NewSequence, generate
 from verispec.models.load import LoadedModel
 from verispec.sampling import SamplingParams, mix_seed
@@ -118,6 +120,59 @@ def test_rows_prefilled_together_equal_generate_alone(wide_target, wide_draft):
     for seq, want, name in zip(seqs, expected, names):
         assert seq.result.finish_reason == "length" and seq.out == want, name
     assert all(seq.metrics.drafted for seq, name in zip(seqs, names) if name != "ar")
+
+
+def test_rows_with_one_prompt_share_its_prefill(wide_target, wide_draft):
+    """A request's n choices: rows with the same prompt are computed once in the joint prefill and copied (the
+    target's and the draft's caches, and the features EAGLE starts from), and each row gives what it would alone."""
+    a, b = prompts(wide_target.vocab_size, 2, seed=5)
+    a, b = a + [3, 1, 4], b + [1, 5]  # at least 3 tokens: something to prefill
+    texts = [a, a, b, a, a, a]
+    names = ["draft", "draft", "draft", "eagle", "eagle", "ar"]
+    params = GenerationParams(max_new_tokens=12, gamma=3, sampling=GREEDY)
+    expected = [generate(wide_target, t, params, proposer(s, wide_target, wide_draft, 1)).token_ids
+                for t, s in zip(texts, names)]
+    batch = Batch(wide_target, len(texts), 128, slack=32)
+    shared = {s: proposer(s, wide_target, wide_draft, len(texts)) for s in set(names) if s != "ar"}
+    widths = []
+    forward = batch.target.forward
+
+    def spy(rows, chains, **kw):
+        widths.append(len(rows))
+        return forward(rows, chains, **kw)
+
+    batch.target.forward = spy
+    seqs = batch.add_many([NewSequence(t, params, shared.get(s)) for t, s in zip(texts, names)])
+    assert widths == [2]  # two distinct prompts in the forward
+    k, v = batch.target.cache.k, batch.target.cache.v
+    for r in (1, 3, 4, 5):
+        assert batch.target.length(r) == len(a) - 1
+        assert torch.equal(k[:, r, :, : len(a) - 1], k[:, 0, :, : len(a) - 1])
+        assert torch.equal(v[:, r, :, : len(a) - 1], v[:, 0, :, : len(a) - 1])
+    while batch.live:
+        batch.round()
+    for seq, want, name in zip(seqs, expected, names):
+        assert seq.result.finish_reason == "length" and seq.out == want, name
+
+
+def test_loop_rows_copy_a_row_as_its_own_prefill_would_write_it():
+    """The transformers adapter's rows (one cache each): a row copied from another continues as if it had been
+    prefilled itself, and the source row is unchanged."""
+    from tests.tiny_hf import make_tiny_hf_dir
+    from verispec.batch import LoopRows
+    from verispec.models.hf import HFCausalLM
+
+    with tempfile.TemporaryDirectory() as d:
+        model = HFCausalLM.from_dir(make_tiny_hf_dir(Path(d) / "t", seed=0), dtype=torch.float32)
+    rows = LoopRows(model, 3, 32, slack=8)
+    got = prefill_rows(rows, [0, 1, 2], [[7, 8, 9], [7, 8, 9], [4, 5]])
+    assert got == [None, None, None] and [rows.length(r) for r in range(3)] == [3, 3, 2]
+    alone = LoopRows(model, 1, 32, slack=8)
+    prefill_rows(alone, [0], [[7, 8, 9]])
+    want = alone.forward([0], [[10, 11]])[0]
+    torch.testing.assert_close(rows.forward([1], [[10, 11]])[0], want, rtol=0, atol=0)  # the copy
+    rows.commit(1, 2)  # the copy moves on; the row it was copied from must not
+    torch.testing.assert_close(rows.forward([0], [[10, 11]])[0], want, rtol=0, atol=0)
 
 
 # ---- sampling: the law of each row of a mixed batch ----------------------------------------------------------------

@@ -32,6 +32,9 @@ from verispec.strategies import StrategyOptions
 
 uvicorn = pytest.importorskip("uvicorn")
 from verispec.server import Models, ServerSettings, create_app  # noqa: E402
+from verispec.server.app import build_scheduler  # noqa: E402
+from verispec.server.metrics import ServerMetrics  # noqa: E402
+from verispec.server.scheduler import Delta, Done, Failed, Request  # noqa: E402
 
 MODEL = "tiny"
 GAMMA = 3
@@ -79,6 +82,7 @@ class Hook(torch.nn.Module):
         super().__init__()
         self.inner, self.delay, self.armed, self.poison = inner, 0.0, False, None
         self.calls, self.hold_at, self.release = 0, None, threading.Event()
+        self.shapes: list[tuple[int, ...]] = []  # each forward's token shape [rows, tokens]
 
     @property
     def weight(self) -> torch.Tensor:  # the model reads its dtype and device here
@@ -86,6 +90,7 @@ class Hook(torch.nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         self.calls += 1
+        self.shapes.append(tuple(tokens.shape))
         if self.hold_at is not None and self.calls >= self.hold_at:
             self.release.wait(timeout=20)  # bounded: a failing test must not hang the server's worker
         if self.delay:
@@ -706,6 +711,51 @@ def test_draft_failure_falls_back_to_target_only(hooked, hooked_url):
         assert bad["choices"][0]["token_ids"] == reference(hooked, ids, 20)  # still the target's output
     finally:
         hooked.draft.model.embed.poison = None
+
+
+def _run_scheduler(models: Models, prompts: list[list[int]], max_tokens: int, poison: int | None = None) -> dict:
+    """Queue one greedy `draft` request a prompt, admit them in one step of the worker (on this thread), then run
+    rounds until every row is done. The requests' events, and the target's forwards at admission (their shapes)."""
+    sched = build_scheduler(models, settings(), ServerMetrics())
+    embed = models.target.model.embed
+    events: list[list] = [[] for _ in prompts]
+    for i, prompt in enumerate(prompts):
+        params = GenerationParams(max_new_tokens=max_tokens, gamma=GAMMA, eos_ids=models.target.tokenizer.eos_ids)
+        sched.submit(Request(prompt=prompt, params=params, sink=events[i].append, strategy="draft"))
+    embed.shapes, embed.poison = [], poison
+    try:
+        sched._admit()
+    finally:
+        embed.poison = None
+    admitted = list(embed.shapes)
+    while sched.batch.live:
+        sched._round()
+    return {"events": events, "admitted": admitted}
+
+
+def test_requests_admitted_together_are_prefilled_in_one_forward(hooked):
+    """A burst of requests (or one request's n choices) starts with one target forward for all their prompts, a
+    prompt that comes twice computed once, and each gets what it would alone."""
+    tok = hooked.target.tokenizer
+    prompts = [tok.encode(p) for p in ("x ( a )", "print ( b ) + 1", "def f ( x )", "x ( a )")]
+    got = _run_scheduler(hooked, prompts, 12)
+    assert [shape[0] for shape in got["admitted"]] == [3]  # one forward, three distinct prompts
+    for prompt, events in zip(prompts, got["events"]):
+        assert isinstance(events[-1], Done)
+        assert [t for e in events if isinstance(e, Delta) for t in e.token_ids] == reference(hooked, prompt, 12)
+
+
+def test_a_prompt_that_fails_a_joint_prefill_fails_alone(hooked):
+    """The joint forward fails on one request's prompt: each is retried alone, and only that one fails."""
+    tok = hooked.target.tokenizer
+    prompts = [[2] + tok.encode("x ( a )"), tok.encode("print ( b )"), tok.encode("def f")]  # the target fails on 2
+    got = _run_scheduler(hooked, prompts, 12, poison=2)
+    assert [shape[0] for shape in got["admitted"]] == [3, 1, 1, 1]  # together, then one at a time
+    bad, *good = got["events"]
+    assert len(bad) == 1 and isinstance(bad[0], Failed) and "/" not in bad[0].message
+    for prompt, events in zip(prompts[1:], good):
+        assert isinstance(events[-1], Done)
+        assert [t for e in events if isinstance(e, Delta) for t in e.token_ids] == reference(hooked, prompt, 12)
 
 
 # ---- concurrency -------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ tokens each one sees (lookahead's window, token trees); the committed prefix is 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -82,6 +83,8 @@ class Rows(Protocol):
     def rollback(self, r: int, n: int) -> None: ...
     def free(self, r: int) -> None: ...
     def move(self, src: int, dst: int) -> None: ...
+    def copy(self, src: int, dst: int) -> None:
+        """Row dst becomes a copy of row src's committed tokens (src keeps them)."""
 
 
 def make_rows(model: CausalLM, rows: int, max_len: int, slack: int) -> Rows:
@@ -93,13 +96,17 @@ def make_rows(model: CausalLM, rows: int, max_len: int, slack: int) -> Rows:
 
 def prefill_rows(target: Rows, rows: list[int], tokens: list[list[int]]) -> list[Tensor | None]:
     """Write and commit tokens[i] into the empty row rows[i] (a prompt but its last token), every row in one
-    forward: its overhead is paid once (most of a tiny model's time, or a batch of short prompts'). Returns each
-    row's last-block outputs there [len(tokens[i]), H] (None where the model gives none, or no tokens). A row gets
-    what a forward of its own would write where the model's rows do not depend on each other (the w4a8 kernel's;
-    every query attends on its own)."""
+    forward: its overhead is paid once (most of a tiny model's time, or a batch of short prompts'). Rows with the
+    same tokens (a request's n choices) are computed once and copied. Returns each row's last-block outputs there
+    [len(tokens[i]), H] (None where the model gives none, or no tokens). A row gets what a forward of its own would
+    write where the model's rows do not depend on each other (the w4a8 kernel's; every query attends on its own)."""
     for r in rows:
         target.free(r)
-    todo = [i for i, t in enumerate(tokens) if t]
+    first: dict[tuple[int, ...], int] = {}  # each distinct prompt's first index: the one computed
+    for i, t in enumerate(tokens):
+        if t:
+            first.setdefault(tuple(t), i)
+    todo = sorted(first.values())
     out: list[Tensor | None] = [None] * len(rows)
     if not todo:
         return out
@@ -107,6 +114,12 @@ def prefill_rows(target: Rows, rows: list[int], tokens: list[list[int]]) -> list
     for i, state in zip(todo, states):
         target.commit(rows[i], len(tokens[i]))
         out[i] = state
+    for i, t in enumerate(tokens):
+        j = first.get(tuple(t), i)
+        if j != i:
+            target.copy(rows[j], rows[i])
+            state = out[j]
+            out[i] = None if state is None else state.clone()
     return out
 
 
@@ -147,6 +160,9 @@ class NativeRows:
 
     def move(self, src: int, dst: int) -> None:
         self.cache.move(src, dst)
+
+    def copy(self, src: int, dst: int) -> None:
+        self.cache.copy(src, dst)
 
 
 class LoopRows:
@@ -191,6 +207,9 @@ class LoopRows:
     def move(self, src: int, dst: int) -> None:
         self.caches[src], self.caches[dst] = self.caches[dst], self.caches[src]
         self.free(src)
+
+    def copy(self, src: int, dst: int) -> None:
+        self.caches[dst] = copy.deepcopy(self.caches[src])
 
 
 def pad_rows(chains: list[list[int]], pad: int = 0) -> tuple[Tensor, list[int]]:

@@ -156,10 +156,16 @@ class BatchKVCache:
 
     def move(self, src: int, dst: int) -> None:
         """Copy row src's committed keys/values into row dst (to keep live rows packed); src becomes free."""
+        self.copy(src, dst)
+        self.lengths[src] = 0
+
+    def copy(self, src: int, dst: int) -> None:
+        """Row dst becomes a copy of row src's committed keys/values (src keeps them): rows that start from the
+        same prompt share one prefill."""
         n = self.lengths[src]
         self.k[:, dst, :, :n] = self.k[:, src, :, :n]
         self.v[:, dst, :, :n] = self.v[:, src, :, :n]
-        self.lengths[dst], self.lengths[src] = n, 0
+        self.lengths[dst] = n
 
     def rows_view(self, rows: list[int], slots: Tensor, read: int) -> "RowsView":
         """The write/read plan of one batched forward: rows[b] writes its new token i at slots[b, i]."""

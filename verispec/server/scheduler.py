@@ -1,7 +1,7 @@
 """One worker thread owns the models and decides which requests share the engine's round.
 
     loop:
-        admit queued requests into free batch rows (Batch.add: prefill, the strategy's proposer starts the row)
+        admit queued requests into free batch rows (Batch.add_many: one prefill for all that start together)
         take out the rows of cancelled requests (client gone)
         Batch.round(): the engine's one round over every row (verispec.engine)
         hand each request its new text, and its last event when it finished
@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from verispec.engine import Batch, GenerationParams, Sequence, Step
+from verispec.engine import Batch, GenerationParams, NewSequence, Sequence, Step
 from verispec.grammar import Constraint
 from verispec.models.llama import LlamaModel
 from verispec.models.tokenizer import TextStream, Tokenizer
@@ -182,15 +182,19 @@ class Scheduler:
             request = self.queue.get(timeout=0.05)
         except queue.Empty:
             return
-        self._start(request)
+        self._admit(request)
 
-    def _admit(self) -> None:
-        while len(self.batch.live) < self.config.max_batch:
+    def _admit(self, first: Request | None = None) -> None:
+        """Start the queued requests that fit in the free rows; those admitted together (a burst, or a request's n
+        choices) are prefilled in one target forward, and their proposers start together after their first round."""
+        requests = [first] if first is not None else []
+        while len(self.batch.live) + len(requests) < self.config.max_batch:
             try:
-                request = self.queue.get_nowait()
+                requests.append(self.queue.get_nowait())
             except queue.Empty:
                 break
-            self._start(request)
+        if requests:
+            self._start(requests)
         self.metrics.waiting.set(self.queue.qsize())
 
     def proposer(self, strategy: str) -> Proposer | None:
@@ -199,31 +203,56 @@ class Scheduler:
             self.proposers[strategy] = self.proposer_for(strategy)
         return self.proposers[strategy]
 
-    def _start(self, request: Request) -> None:
-        """Prefill a request into the next free row (the model's own forward: as `verispec generate` does)."""
-        if request.cancelled.is_set():
-            self.metrics.requests.labels(finish_reason="cancelled").inc()
+    def _start(self, requests: list[Request]) -> None:
+        """Prefill requests into the next free rows, together (the model's own forward where one starts alone: as
+        `verispec generate` does). A joint prefill that fails is retried one request at a time, so a request that
+        cannot be prefilled fails alone."""
+        news = []
+        for request in requests:
+            if request.cancelled.is_set():
+                self.metrics.requests.labels(finish_reason="cancelled").inc()
+                continue
+            try:
+                proposer = self.proposer(request.strategy)
+            except Exception:  # noqa: BLE001
+                self._refuse(request)
+                continue
+            text = TextStream(self.tokenizer, request.stop)
+            news.append(NewSequence(request.prompt, request.params, proposer,
+                                    stop_fn=self._stop_fn(text) if request.stop else None,
+                                    tag=_Stream(request, text), constraint=request.constraint))
+        if not news:
             return
-        text = TextStream(self.tokenizer, request.stop)
+        try:
+            seqs = self.batch.add_many(news)
+        except Exception:  # noqa: BLE001
+            if len(news) == 1:
+                self._refuse(news[0].tag.request)
+                return
+            log.warning("a joint prefill of %d requests failed; prefilling them one at a time", len(news))
+            seqs = []
+            for new in news:
+                try:
+                    seqs += self.batch.add_many([new])
+                except Exception:  # noqa: BLE001
+                    self._refuse(new.tag.request)
+        for seq in seqs:
+            if seq.fell_back:
+                self.metrics.draft_failures.inc()
+            self.metrics.prompt_tokens.inc(len(seq.prompt))
+        self.metrics.running.set(len(self.batch.live))
 
+    def _stop_fn(self, text: TextStream) -> Callable[[list[int]], int | None]:
         def stop_fn(ids: list[int]) -> int | None:  # decodes: one user of the tokenizer at a time
             with self.tokenizer_lock:
                 return text.stop_fn(ids)
 
-        try:
-            proposer = self.proposer(request.strategy)
-            seq = self.batch.add(request.prompt, request.params, proposer,
-                                 stop_fn=stop_fn if request.stop else None, tag=_Stream(request, text),
-                                 constraint=request.constraint)
-        except Exception:  # noqa: BLE001
-            log.exception("prefill failed")
-            self.metrics.requests.labels(finish_reason="error").inc()
-            request.sink(Failed("internal error while reading the prompt"))
-            return
-        if seq.fell_back:
-            self.metrics.draft_failures.inc()
-        self.metrics.prompt_tokens.inc(len(request.prompt))
-        self.metrics.running.set(len(self.batch.live))
+        return stop_fn
+
+    def _refuse(self, request: Request) -> None:
+        log.exception("prefill failed")
+        self.metrics.requests.labels(finish_reason="error").inc()
+        request.sink(Failed("internal error while reading the prompt"))
 
     def _drop_cancelled(self) -> None:
         for seq in list(self.batch.live):
