@@ -175,6 +175,79 @@ def test_loop_rows_copy_a_row_as_its_own_prefill_would_write_it():
     torch.testing.assert_close(rows.forward([0], [[10, 11]])[0], want, rtol=0, atol=0)
 
 
+def test_a_prompt_that_begins_like_a_stored_one_prefills_only_the_rest(wide_target):
+    """prefill_rows with a prefix cache: the stored prompt's keys/values are restored and only the remainder runs
+    through the model; the row's cache and last-block outputs are what its own prefill writes."""
+    from verispec.batch import make_rows
+    from verispec.prefix import PrefixCache
+
+    p, q = prompts(wide_target.vocab_size, 2, seed=3)
+    p, q = p + [5, 6, 7, 8, 9], q + [2, 3]
+    rows, fresh = make_rows(wide_target, 2, 64, 8), make_rows(wide_target, 1, 64, 8)
+    prefix = PrefixCache(2**30, min_tokens=4)
+    prefill_rows(rows, [0], [p], prefix)
+    chains = []
+    forward = rows.forward
+
+    def spy(rr, cc, **kw):
+        chains.append([list(c) for c in cc])
+        return forward(rr, cc, **kw)
+
+    rows.forward = spy
+    got = prefill_rows(rows, [1], [p + q], prefix)[0]
+    assert chains == [[(p + q)[len(p):]]] and prefix.hits == 1  # the stored p, then q alone
+    want = prefill_rows(fresh, [0], [p + q])[0]
+    n = len(p + q)
+    assert rows.length(1) == n  # float32 matmuls of other shapes round differently: close, not equal, here
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(rows.cache.k[:, 1, :, :n], fresh.cache.k[:, 0, :, :n], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(rows.cache.v[:, 1, :, :n], fresh.cache.v[:, 0, :, :n], rtol=1e-4, atol=1e-4)
+    chains.clear()
+    again = prefill_rows(rows, [0], [p + q], prefix)[0]  # the whole prompt stored: its last token runs alone
+    assert chains == [[[(p + q)[-1]]]]
+    torch.testing.assert_close(again, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["draft", "eagle", "ar"])
+def test_rows_that_reuse_a_stored_prompt_equal_generate_alone(wide_target, wide_draft, name):
+    """A conversation's next turn through a batch with a prefix cache: its prompt begins with the last one's, which
+    is restored, not prefilled; the output is what the request gives alone."""
+    from verispec.prefix import PrefixCache
+
+    first, more = prompts(wide_target.vocab_size, 2, seed=9)
+    first = first + [4, 4, 2, 1, 7]
+    texts = [first, first + more + [3], first]  # the next turn, then the first prompt again
+    params = GenerationParams(max_new_tokens=10, gamma=3, sampling=GREEDY)
+    expected = [generate(wide_target, t, params, proposer(name, wide_target, wide_draft, 1)).token_ids for t in texts]
+    prefix = PrefixCache(2**30, min_tokens=4)
+    batch = Batch(wide_target, 2, 128, slack=32, prefix=prefix)
+    shared = proposer(name, wide_target, wide_draft, 2) if name != "ar" else None
+    for text, want in zip(texts, expected):
+        seq = batch.add(text, params, shared)
+        while batch.live:
+            batch.round()
+        assert seq.result.finish_reason == "length" and seq.out == want
+    assert prefix.hits == 2
+
+
+def test_prefix_cache_keeps_the_most_recent_prompts_within_its_budget():
+    from verispec.prefix import PrefixCache
+
+    cache = PrefixCache(300, min_tokens=2)
+    cache.put([1], "short", None, 10)  # under min_tokens: not kept
+    cache.put([1, 2, 3], "a", None, 100)
+    cache.put([1, 2, 3, 4], "a longer", None, 100)  # extends [1, 2, 3]: replaces it
+    cache.put([5, 6, 7], "b", None, 100)
+    assert [e.snapshot for e in cache.entries] == ["a longer", "b"]
+    assert cache.match([1, 2, 9])[1] == 2 and cache.match([5, 6, 7, 8])[1] == 3 and cache.match([9, 1]) is None
+    cache.put([8, 9], "c", None, 150)  # over the budget: the least recently used ("a longer") goes
+    assert [e.snapshot for e in cache.entries] == ["b", "c"] and cache.nbytes == 250
+    cache.put([1, 1], "too big", None, 301)
+    assert [e.snapshot for e in cache.entries] == ["b", "c"]
+    with pytest.raises(ValueError):
+        PrefixCache(-1)
+
+
 # ---- sampling: the law of each row of a mixed batch ----------------------------------------------------------------
 @dataclass(frozen=True)
 class RowCase:

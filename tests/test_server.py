@@ -758,6 +758,27 @@ def test_a_prompt_that_fails_a_joint_prefill_fails_alone(hooked):
         assert [t for e in events if isinstance(e, Delta) for t in e.token_ids] == reference(hooked, prompt, 12)
 
 
+def test_a_prompt_that_begins_like_an_earlier_one_reuses_its_prefill(models, url):
+    """The prefix cache through the server: a conversation's next turn restores the last prompt's keys/values
+    (counted in /metrics) and answers as `generate` does alone."""
+    tok = models.target.tokenizer
+    words = [w for w in WORDS if len(tok.encode(w)) == 1]
+    first = " ".join(words[i % len(words)] for i in range(24))
+    then = first + " " + " ".join(words[:5])
+    with httpx.Client(base_url=url, timeout=60) as c:
+        before = c.get("/metrics").text
+        outs = [complete(c, p, 12) for p in (first, then)]
+        after = c.get("/metrics").text
+    for p, out in zip((first, then), outs):
+        assert out["choices"][0]["token_ids"] == reference(models, tok.encode(p), 12)
+    for name in ("verispec_prefix_cache_hits_total", "verispec_prefix_cache_reused_tokens_total"):
+        assert _metric(after, name) > _metric(before, name)
+    reused = _metric(after, "verispec_prefix_cache_reused_tokens_total") - \
+        _metric(before, "verispec_prefix_cache_reused_tokens_total")
+    assert reused >= len(tok.encode(first)) - 1
+    assert _metric(after, "verispec_prefix_cache_bytes") > 0
+
+
 # ---- concurrency -------------------------------------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ from torch import Tensor
 from verispec.cache import BatchKVCache, CacheFullError, CommitLog
 from verispec.models.base import CausalLM
 from verispec.models.llama import LlamaModel
+from verispec.prefix import PrefixCache
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,10 @@ class Rows(Protocol):
     def move(self, src: int, dst: int) -> None: ...
     def copy(self, src: int, dst: int) -> None:
         """Row dst becomes a copy of row src's committed tokens (src keeps them)."""
+    def snapshot(self, r: int) -> tuple[Any, int]:
+        """A copy of row r's committed tokens' cache, and its bytes: what restore() takes."""
+    def restore(self, r: int, snapshot: Any, n: int) -> None:
+        """Row r holds the first n tokens of a snapshot, committed."""
 
 
 def make_rows(model: CausalLM, rows: int, max_len: int, slack: int) -> Rows:
@@ -94,12 +99,15 @@ def make_rows(model: CausalLM, rows: int, max_len: int, slack: int) -> Rows:
     return LoopRows(model, rows, max_len, slack)
 
 
-def prefill_rows(target: Rows, rows: list[int], tokens: list[list[int]]) -> list[Tensor | None]:
+def prefill_rows(target: Rows, rows: list[int], tokens: list[list[int]],
+                 prefix: PrefixCache | None = None) -> list[Tensor | None]:
     """Write and commit tokens[i] into the empty row rows[i] (a prompt but its last token), every row in one
     forward: its overhead is paid once (most of a tiny model's time, or a batch of short prompts'). Rows with the
-    same tokens (a request's n choices) are computed once and copied. Returns each row's last-block outputs there
-    [len(tokens[i]), H] (None where the model gives none, or no tokens). A row gets what a forward of its own would
-    write where the model's rows do not depend on each other (the w4a8 kernel's; every query attends on its own)."""
+    same tokens (a request's n choices) are computed once and copied; with a prefix cache, a row starts from the
+    longest stored prompt its tokens begin with, forwards only the rest, and is stored in turn. Returns each row's
+    last-block outputs there [len(tokens[i]), H] (None where the model gives none, or no tokens). A row gets what a
+    forward of its own would write where the model's rows do not depend on each other (the w4a8 kernel's; every
+    query attends on its own)."""
     for r in rows:
         target.free(r)
     first: dict[tuple[int, ...], int] = {}  # each distinct prompt's first index: the one computed
@@ -110,10 +118,27 @@ def prefill_rows(target: Rows, rows: list[int], tokens: list[list[int]]) -> list
     out: list[Tensor | None] = [None] * len(rows)
     if not todo:
         return out
-    _, states = target.forward([rows[i] for i in todo], [tokens[i] for i in todo], last_only=True, hidden=True)
+    reused: dict[int, Tensor | None] = {}  # index: the restored prefix's outputs
+    for i in todo:
+        found = prefix.match(tokens[i]) if prefix is not None else None
+        if found is not None:
+            entry, n = found
+            n = min(n, len(tokens[i]) - 1)  # the last token is forwarded: it brings the row's outputs up to date
+            if n > 0:
+                target.restore(rows[i], entry.snapshot, n)
+                reused[i] = None if entry.hidden is None else entry.hidden[:n]
+    start = {i: target.length(rows[i]) for i in todo}
+    _, states = target.forward([rows[i] for i in todo], [tokens[i][start[i]:] for i in todo], last_only=True,
+                               hidden=True)
     for i, state in zip(todo, states):
-        target.commit(rows[i], len(tokens[i]))
+        target.commit(rows[i], len(tokens[i]) - start[i])
+        if i in reused:
+            before = reused[i]
+            state = None if before is None or state is None else torch.cat([before, state])
         out[i] = state
+        if prefix is not None:
+            snapshot, nbytes = target.snapshot(rows[i])
+            prefix.put(tokens[i], snapshot, state, nbytes)
     for i, t in enumerate(tokens):
         j = first.get(tuple(t), i)
         if j != i:
@@ -164,6 +189,12 @@ class NativeRows:
     def copy(self, src: int, dst: int) -> None:
         self.cache.copy(src, dst)
 
+    def snapshot(self, r: int) -> tuple[Any, int]:
+        return self.cache.snapshot(r)
+
+    def restore(self, r: int, snapshot: Any, n: int) -> None:
+        self.cache.restore(r, snapshot, n)
+
 
 class LoopRows:
     """Any CausalLM: a cache per row from model.new_cache, one forward per row. No trees, no layer ranges."""
@@ -210,6 +241,35 @@ class LoopRows:
 
     def copy(self, src: int, dst: int) -> None:
         self.caches[dst] = copy.deepcopy(self.caches[src])
+
+    def snapshot(self, r: int) -> tuple[Any, int]:
+        snap = copy.deepcopy(self.caches[r])
+        return snap, _tensor_bytes(snap)
+
+    def restore(self, r: int, snapshot: Any, n: int) -> None:
+        if not 0 < n <= snapshot.length or n > self.max_len:
+            raise ValueError(f"cannot restore {n} tokens of a {snapshot.length}-token snapshot (max {self.max_len})")
+        self.caches[r] = copy.deepcopy(snapshot)
+        self.caches[r].rollback(snapshot.length - n)
+
+
+def _tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:
+    """Bytes of the tensors an object holds (a cache of another library's making), each counted once."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v, seen) for v in obj)
+    try:
+        fields = vars(obj)
+    except TypeError:  # no attributes of its own (an int, a slotted object)
+        return 0
+    return sum(_tensor_bytes(v, seen) for v in fields.values())
 
 
 def pad_rows(chains: list[list[int]], pad: int = 0) -> tuple[Tensor, list[int]]:

@@ -167,6 +167,21 @@ class BatchKVCache:
         self.v[:, dst, :, :n] = self.v[:, src, :, :n]
         self.lengths[dst] = n
 
+    def snapshot(self, r: int) -> tuple[tuple[Tensor, Tensor], int]:
+        """A copy of row r's committed keys/values, and its bytes (for verispec.prefix)."""
+        n = self.lengths[r]
+        k, v = self.k[:, r, :, :n].clone(), self.v[:, r, :, :n].clone()
+        return (k, v), 2 * k.numel() * k.element_size()
+
+    def restore(self, r: int, snapshot: tuple[Tensor, Tensor], n: int) -> None:
+        """Row r holds the first n tokens of a snapshot, committed."""
+        k, v = snapshot
+        if not 0 < n <= k.shape[2] or n > self.max_len:
+            raise ValueError(f"cannot restore {n} tokens of a {k.shape[2]}-token snapshot (max {self.max_len})")
+        self.k[:, r, :, :n] = k[:, :, :n]
+        self.v[:, r, :, :n] = v[:, :, :n]
+        self.lengths[r] = n
+
     def rows_view(self, rows: list[int], slots: Tensor, read: int) -> "RowsView":
         """The write/read plan of one batched forward: rows[b] writes its new token i at slots[b, i]."""
         if int(slots.max()) >= self.capacity:

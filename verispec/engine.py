@@ -32,6 +32,7 @@ from verispec.batch import Rows, Tree, make_rows, prefill_rows, tree_layout
 from verispec.grammar import Constraint, mask_logits
 from verispec.metrics import RequestMetrics
 from verispec.models.base import CausalLM
+from verispec.prefix import PrefixCache
 from verispec.proposers.base import Outcome, PerRow, Proposal, Proposer, SequenceProposer
 from verispec.sampling import (
     Penalties, SamplingParams, Shaper, TokenLogprob, draft_paths, make_generator, penalize, token_logprobs,
@@ -217,13 +218,15 @@ class Batch:
     max_len: prompt + new tokens of the longest sequence; slack: scratch slots past it that one forward may
     write (gamma + 1 drafts, a lookahead window: a window that does not fit is left out of that round).
     fall_back: a sequence whose proposer fails goes on target-only (a server's choice); else it ends with
-    the error (a library call's: a broken proposer must not pass unnoticed).
+    the error (a library call's: a broken proposer must not pass unnoticed). prefix: recent prompts' keys and
+    values (verispec.prefix), so a prompt that begins like one of them prefills only the rest (a server's choice).
     """
 
     def __init__(self, target: CausalLM, rows: int, max_len: int, *, slack: int = 32,
                  verifier: ChainVerifier = verify_chain, tree_verifier: TreeVerifier = verify_tree,
-                 fall_back: bool = False) -> None:
+                 fall_back: bool = False, prefix: PrefixCache | None = None) -> None:
         self.target: Rows = make_rows(target, rows, max_len, slack)
+        self.prefix = prefix  # recent prompts' keys/values: a prompt that starts the same way prefills the rest
         self.verifier, self.tree_verifier, self.fall_back = verifier, tree_verifier, fall_back
         self.live: list[Sequence] = []  # index == cache row
         # exception types whose drafting failure was logged with its traceback: later ones get one line each, so
@@ -258,7 +261,7 @@ class Batch:
         metrics = [RequestMetrics(gamma=n.params.gamma if n.proposer else 0, prompt_tokens=len(n.prompt))
                    for n in news]
         t0 = time.perf_counter()
-        hidden = prefill_rows(self.target, rows, [n.prompt[:-1] for n in news])
+        hidden = prefill_rows(self.target, rows, [n.prompt[:-1] for n in news], self.prefix)
         seconds = time.perf_counter() - t0  # each waited for all of it
         seqs = []
         for new, m, h in zip(news, metrics, hidden):

@@ -32,6 +32,9 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
                      "for; also the default when it asks for none (default: %(default)s)")
     srv.add_argument("--speculate-max-batch", type=int, default=8, help="rounds with more active requests than "
                      "this run without drafting, where it stops paying (default: %(default)s; 0 never drafts)")
+    srv.add_argument("--prefix-cache-mb", type=int, default=256, help="keep recent prompts' keys and values, up to "
+                     "this many MB: a prompt that begins like one of them (a conversation's next turn, a shared "
+                     "system prompt) prefills only the rest (default: %(default)s; 0 keeps none)")
     srv.add_argument("--max-body-bytes", type=int, default=4 * 2**20, help="larger request bodies get a 413 before "
                      "they are read (default: %(default)s)")
     srv.add_argument("--max-prompt-chars", type=int, default=None, help="longer prompt text gets a 400 before it is "
@@ -110,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             api_key=args.api_key or os.environ.get("VERISPEC_API_KEY") or None,
             max_concurrency=args.max_concurrency, max_prompt_tokens=args.max_prompt_tokens,
             max_new_tokens_limit=args.max_new_tokens_limit, speculate_max_batch=args.speculate_max_batch,
+            prefix_cache_mb=args.prefix_cache_mb,
             batch_draft=not args.draft_per_request, options=options, max_body_bytes=args.max_body_bytes,
             max_prompt_chars=args.max_prompt_chars, body_timeout=args.body_timeout,
             allow_special_tokens=args.allow_special_tokens, drift_window=args.drift_window,

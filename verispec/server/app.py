@@ -55,6 +55,7 @@ class ServerSettings:
     max_prompt_tokens: int = 2048
     max_new_tokens_limit: int = 512
     speculate_max_batch: int = 8
+    prefix_cache_mb: int = 256  # recent prompts' keys/values: a prompt that starts the same way prefills the rest
     batch_draft: bool = True  # False: proposers run request by request (the comparison in the README)
     options: StrategyOptions = field(default_factory=StrategyOptions)
     # Limits checked before any work, so that no request can stall the others:
@@ -83,6 +84,8 @@ class ServerSettings:
             raise ValueError("gamma must be in [1, 14]")
         if self.speculate_max_batch < 0:
             raise ValueError("speculate-max-batch must be >= 0 (0 never speculates)")
+        if self.prefix_cache_mb < 0:
+            raise ValueError("prefix-cache-mb must be >= 0 (0 keeps no prompts)")
         if self.drift_window < 1 or not 0 < self.drift_drop < 1:
             raise ValueError("drift-window must be >= 1 and drift-drop in (0, 1)")
 
@@ -106,7 +109,8 @@ def build_scheduler(models: Models, settings: ServerSettings, metrics: ServerMet
     max_len = min(settings.max_prompt_tokens + settings.max_new_tokens_limit,
                   target.model.cfg.max_position_embeddings)
     config = SchedulerConfig(max_batch=settings.max_concurrency, max_len=max_len,
-                             speculate_max_batch=settings.speculate_max_batch)
+                             speculate_max_batch=settings.speculate_max_batch,
+                             prefix_cache_bytes=settings.prefix_cache_mb * 2**20)
     if STRATEGIES[settings.strategy].needs_draft and draft is None:
         raise ValueError(f"strategy {settings.strategy!r} needs a draft model")
 

@@ -33,6 +33,13 @@ class ServerMetrics:
                                               "Rounds run without drafting because the batch exceeded "
                                               "--speculate-max-batch", registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of admitted requests", registry=r)
+        self.prefix_cache_hits = Counter(p + "prefix_cache_hits", "Prompts that began like a stored one",
+                                         registry=r)
+        self.prefix_cache_tokens = Counter(p + "prefix_cache_reused_tokens",
+                                           "Prompt tokens restored from the prefix cache instead of prefilled",
+                                           registry=r)
+        self.prefix_cache_bytes = Gauge(p + "prefix_cache_bytes", "Bytes of keys/values the prefix cache holds",
+                                        registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter(p + "requests", "Finished requests by outcome", ["finish_reason"], registry=r)
         self.running = Gauge(p + "num_requests_running", "Sequences in the batch", registry=r)

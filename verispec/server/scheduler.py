@@ -34,6 +34,7 @@ from verispec.engine import Batch, GenerationParams, NewSequence, Sequence, Step
 from verispec.grammar import Constraint
 from verispec.models.llama import LlamaModel
 from verispec.models.tokenizer import TextStream, Tokenizer
+from verispec.prefix import PrefixCache
 from verispec.proposers.base import Proposer
 from verispec.server.drift import DriftWatch, RoundSample
 from verispec.server.metrics import ServerMetrics
@@ -108,6 +109,7 @@ class SchedulerConfig:
     speculate_max_batch: int = 8  # above this many active rows, rounds run without drafting
     max_gamma: int = 14  # the longest proposal a request may ask for
     scratch: int = 32  # cache slots past max_len one forward may write (gamma + 1 drafts, a lookahead window)
+    prefix_cache_bytes: int = 0  # recent prompts' keys/values kept (verispec.prefix); 0: none
 
 
 class Scheduler:
@@ -121,7 +123,9 @@ class Scheduler:
         # The app encodes prompts in worker threads while this thread decodes: one user of the tokenizer at a time.
         self.tokenizer_lock = threading.Lock()
         self.config, self.metrics = config, metrics
-        self.batch = Batch(target, config.max_batch, config.max_len, slack=config.scratch, fall_back=True)
+        prefix = PrefixCache(config.prefix_cache_bytes) if config.prefix_cache_bytes else None
+        self.batch = Batch(target, config.max_batch, config.max_len, slack=config.scratch, fall_back=True,
+                           prefix=prefix)
         self.proposers: dict[str, Proposer | None] = {}
         self.queue: queue.Queue[Request] = queue.Queue()
         self._stop = threading.Event()
@@ -223,6 +227,8 @@ class Scheduler:
                                     tag=_Stream(request, text), constraint=request.constraint))
         if not news:
             return
+        prefix = self.batch.prefix
+        hits, reused = (prefix.hits, prefix.reused_tokens) if prefix is not None else (0, 0)
         try:
             seqs = self.batch.add_many(news)
         except Exception:  # noqa: BLE001
@@ -240,6 +246,10 @@ class Scheduler:
             if seq.fell_back:
                 self.metrics.draft_failures.inc()
             self.metrics.prompt_tokens.inc(len(seq.prompt))
+        if prefix is not None:
+            self.metrics.prefix_cache_hits.inc(prefix.hits - hits)
+            self.metrics.prefix_cache_tokens.inc(prefix.reused_tokens - reused)
+            self.metrics.prefix_cache_bytes.set(prefix.nbytes)
         self.metrics.running.set(len(self.batch.live))
 
     def _stop_fn(self, text: TextStream) -> Callable[[list[int]], int | None]:
