@@ -119,3 +119,37 @@ def test_w4a8_token_trees_equal_plain_on_real_pair(w4a8_pair):
             spec = generate(target.model, prompt, params, proposer)
             assert spec.token_ids == plain, (item.id, shape, tok.decode(plain), tok.decode(spec.token_ids))
             assert spec.metrics.accepted > 10
+
+
+def test_w4a8_prefix_cache_restores_the_bits_a_fresh_prefill_writes(w4a8_pair):
+    """The kernel's rows and the attention's queries do not depend on each other, so a prompt that begins like a
+    stored one, restored and prefilled only past it, holds in its cache and outputs the bits of its own prefill,
+    and continues as it would."""
+    from verispec.batch import make_rows, prefill_rows
+    from verispec.engine import Batch, GenerationParams, generate
+    from verispec.prefix import PrefixCache
+
+    target, _ = w4a8_pair
+    tok, model = target.tokenizer, target.model
+    first = tok.chat("Explain what a Python generator is, in two sentences.")
+    then = tok.chat([{"role": "user", "content": "Explain what a Python generator is, in two sentences."},
+                     {"role": "assistant", "content": "A generator is a function that yields values lazily."},
+                     {"role": "user", "content": "Give an example."}])
+    common = next((i for i, (a, b) in enumerate(zip(first, then)) if a != b), min(len(first), len(then)))
+    assert common > 16
+    prefix = PrefixCache(2**30)
+    rows, fresh = make_rows(model, 1, 256, 8), make_rows(model, 1, 256, 8)
+    prefill_rows(rows, [0], [first], prefix)
+    got = prefill_rows(rows, [0], [then], prefix)[0]
+    assert prefix.hits == 1 and prefix.reused_tokens == common
+    want = prefill_rows(fresh, [0], [then])[0]
+    n = len(then)
+    assert torch.equal(got, want)
+    assert torch.equal(rows.cache.k[:, 0, :, :n], fresh.cache.k[:, 0, :, :n])
+    assert torch.equal(rows.cache.v[:, 0, :, :n], fresh.cache.v[:, 0, :, :n])
+    params = GenerationParams(max_new_tokens=24, gamma=4, eos_ids=tok.eos_ids)
+    batch = Batch(model, 1, 512, prefix=prefix)
+    seq = batch.add(then, params)
+    while batch.live:
+        batch.round()
+    assert seq.out == generate(model, then, params).token_ids
