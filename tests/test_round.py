@@ -230,6 +230,37 @@ def test_rows_that_reuse_a_stored_prompt_equal_generate_alone(wide_target, wide_
     assert prefix.hits == 2
 
 
+@pytest.mark.parametrize("name", ["draft", "eagle", "ar"])
+def test_the_next_turn_reuses_the_last_answer(wide_target, wide_draft, name):
+    """A sequence that ends stores its prompt and answer: a prompt that goes on from the answer restores all of it
+    (features included, as a fresh prefill gives them) and decodes as it would alone."""
+    from verispec.batch import make_rows
+    from verispec.prefix import PrefixCache
+
+    first, more = prompts(wide_target.vocab_size, 2, seed=21)
+    first = first + [4, 4, 2, 1, 7]
+    params = GenerationParams(max_new_tokens=10, gamma=3, sampling=GREEDY)
+    prefix = PrefixCache(2**30, min_tokens=4)
+    batch = Batch(wide_target, 2, 128, slack=32, prefix=prefix)
+    shared = proposer(name, wide_target, wide_draft, 2) if name != "ar" else None
+    seq = batch.add(first, params, shared)
+    while batch.live:
+        batch.round()
+    answer = seq.out
+    (entry,) = prefix.entries
+    assert list(entry.tokens) == first + answer[:-1]  # the last token was never fed back: not in the cache
+    fresh = make_rows(wide_target, 1, 128, 8)
+    want = prefill_rows(fresh, [0], [list(entry.tokens)])[0]
+    torch.testing.assert_close(entry.hidden, want, rtol=1e-4, atol=1e-4)
+    then = first + answer + more + [3]
+    expected = generate(wide_target, then, params, proposer(name, wide_target, wide_draft, 1)).token_ids
+    seq = batch.add(then, params, shared)
+    while batch.live:
+        batch.round()
+    assert seq.out == expected
+    assert prefix.hits == 1 and prefix.reused_tokens == len(first) + len(answer) - 1
+
+
 def test_prefix_cache_keeps_the_most_recent_prompts_within_its_budget():
     from verispec.prefix import PrefixCache
 

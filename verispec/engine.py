@@ -96,6 +96,10 @@ class Sequence:
     started: bool = False
     prefill_hidden: Any = None  # the target's last-block outputs over the prompt but its last token, for reset
     start_with: tuple[list[int], Any] | None = None  # after its first round: (what it emitted, the round's features)
+    # with a prefix cache: the tokens its cache row holds and their features, stored there when it ends (a
+    # conversation's next turn then prefills only what follows this answer)
+    kept: list[int] | None = None
+    kept_hidden: list[Any] | None = None  # None: the model gives no features
 
     @property
     def out(self) -> list[int]:
@@ -271,6 +275,9 @@ class Batch:
             seq = Sequence(prompt=new.prompt, params=new.params, proposer=new.proposer, stop_fn=new.stop_fn,
                            generator=make_generator(new.params.seed, self.target.model.device), result=result,
                            pending=new.prompt[-1], tag=new.tag, constraint=new.constraint, prefill_hidden=h)
+            if self.prefix is not None:
+                seq.kept = list(new.prompt[:-1])
+                seq.kept_hidden = [h] if h is not None else [] if not seq.kept else None
             self.live.append(seq)
             seqs.append(seq)
         return seqs
@@ -309,6 +316,8 @@ class Batch:
             seq.metrics.finish()
         row = self.live.index(seq)
         last = len(self.live) - 1
+        if self.prefix is not None and seq.kept is not None and len(seq.kept) == self.target.length(row):
+            self._keep(seq, row)
         if seq.proposer is not None and seq.started:
             seq.proposer.free(row)
         if row != last:  # keep live rows packed
@@ -319,6 +328,16 @@ class Batch:
             self.live[row] = moved
         self.live.pop()
         self.target.free(last)
+
+    def _keep(self, seq: Sequence, row: int) -> None:
+        """Store an ending row's cache (its prompt and answer) in the prefix cache."""
+        assert self.prefix is not None and seq.kept is not None
+        if len(seq.kept) < self.prefix.min_tokens:
+            return
+        hidden = torch.cat(seq.kept_hidden) if seq.kept_hidden else None
+        snapshot, nbytes = self.target.snapshot(row)
+        self.prefix.put(seq.kept, snapshot, hidden, nbytes + _nbytes(hidden))
+        seq.kept, seq.kept_hidden = None, None
 
     def _fall_back(self, seq: Sequence, row: int, error: BaseException) -> None:
         assert seq.proposer is not None
@@ -429,9 +448,12 @@ class Batch:
             # the new pending
             kept = [0] + [1 + node for node in v.path]  # forward positions of pending and the accepted drafts
             target.commit_path(i, kept)  # a chain's are 0 .. n: nothing moves
+            hidden = states[i][kept] if states[i] is not None else None
+            if s.kept is not None:
+                s.kept += [s.pending] + emitted[:n]
+                s.kept_hidden = None if s.kept_hidden is None or hidden is None else s.kept_hidden + [hidden]
             s.pending = emitted[-1]
             new, reason = apply_stops(s.out, emitted, s.params, s.stop_fn)
-            hidden = states[i][kept] if states[i] is not None else None
             if s.proposer is not None:
                 if not s.started:
                     if reason is None:  # its first round: the proposer starts at the next, once this one's out
@@ -465,6 +487,10 @@ class Batch:
             if s.result.finish_reason is not None:
                 self.remove(s)
         return steps
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
 
 
 def as_proposer(proposer: Proposer | SequenceProposer | None) -> Proposer | None:

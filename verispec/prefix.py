@@ -2,9 +2,11 @@
 
 A chat client sends the whole conversation again at every turn, and many requests share a system prompt: without
 this, each request prefills every token of it (on a 2-core CPU ~14 ms a token with the AVX2 build, so a 1000-token
-conversation waits ~14 s for its first token). `PrefixCache` holds, for the last prompts a batch prefilled, a copy
-of their rows' keys/values and last-block outputs (`Rows.snapshot`), within a byte budget, least recently used out.
-A new prompt takes the longest stored prefix of its own tokens (`Rows.restore`) and prefills the remainder after it.
+conversation waits ~14 s for its first token). `PrefixCache` holds, for the last prompts a batch prefilled and the
+sequences that ended (prompt and answer), a copy of their rows' keys/values and last-block outputs
+(`Rows.snapshot`), within a byte budget, least recently used out. A new prompt takes the longest stored prefix of
+its own tokens (`Rows.restore`) and prefills the remainder after it: a conversation's next turn, only the new
+message.
 
 Exactness: a token's key and value depend only on the tokens before it, and the native model computes each of them
 the same way in a prefill of one token or of many (the w4a8 kernel's rows do not depend on each other, and every
