@@ -138,7 +138,6 @@ def prefill_rows(target: Rows, rows: list[int], tokens: list[list[int]],
         out[i] = state
         if prefix is not None:
             snapshot, nbytes = target.snapshot(rows[i])
-            nbytes += 0 if state is None else state.numel() * state.element_size()
             prefix.put(tokens[i], snapshot, state, nbytes)
     for i, t in enumerate(tokens):
         j = first.get(tuple(t), i)

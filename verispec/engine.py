@@ -172,7 +172,7 @@ def extra_layout(g: int, proposal: Proposal) -> Tree:
     return Tree(positions=positions, mask=mask)
 
 
-def _per_row(fn: Callable[[list[int]], list[T]], idx: list[int],
+def per_row(fn: Callable[[list[int]], list[T]], idx: list[int],
              generators: list[torch.Generator] | None = None) -> list[T | BaseException]:
     """fn over all of `idx` at once; if that raises, over each alone (from the same random state, where fn draws
     from `generators`), so only the failing ones get their exception (a batch's failure must not cost the other
@@ -302,7 +302,7 @@ class Batch:
             return [None] * len(ii)
 
         t0 = time.perf_counter()
-        got = _per_row(reset, list(range(len(rows))))
+        got = per_row(reset, list(range(len(rows))))
         seconds = time.perf_counter() - t0  # each waited for all of it
         for seq, row, outcome in zip(seqs, rows, got):
             if isinstance(outcome, BaseException):
@@ -336,7 +336,7 @@ class Batch:
             return
         hidden = torch.cat(seq.kept_hidden) if seq.kept_hidden else None
         snapshot, nbytes = self.target.snapshot(row)
-        self.prefix.put(seq.kept, snapshot, hidden, nbytes + _nbytes(hidden))
+        self.prefix.put(seq.kept, snapshot, hidden, nbytes)
         seq.kept, seq.kept_hidden = None, None
 
     def _fall_back(self, seq: Sequence, row: int, error: BaseException) -> None:
@@ -376,7 +376,7 @@ class Batch:
         proposals: list[Proposal | None] = [None] * len(seqs)
         shapes = [s.shaper() for s in seqs]
         for proposer, idx in _by_proposer(seqs, [i for i, g in enumerate(gammas) if g > 0]):
-            got = _per_row(lambda ii: proposer.propose(ii, [gammas[i] for i in ii],
+            got = per_row(lambda ii: proposer.propose(ii, [gammas[i] for i in ii],
                                                        [seqs[i].params.sampling for i in ii],
                                                        [seqs[i].generator for i in ii], [shapes[i] for i in ii]),
                            idx, [seqs[i].generator for i in idx])
@@ -426,7 +426,7 @@ class Batch:
             paths = draft_paths(drafts[i].tolist(), par)
             return torch.stack([shape(row, path) for row, path in zip(logits[i], paths)])
 
-        got = _per_row(lambda ii: verify([drafts[i] for i in ii], [shaped(i) for i in ii], [qs[i] for i in ii],
+        got = per_row(lambda ii: verify([drafts[i] for i in ii], [shaped(i) for i in ii], [qs[i] for i in ii],
                                          [seqs[i].params.sampling for i in ii], [seqs[i].generator for i in ii],
                                          self.verifier, parents=[parents[i] for i in ii], tree=self.tree_verifier),
                        list(range(len(seqs))), [s.generator for s in seqs])
@@ -487,10 +487,6 @@ class Batch:
             if s.result.finish_reason is not None:
                 self.remove(s)
         return steps
-
-
-def _nbytes(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.numel() * t.element_size()
 
 
 def as_proposer(proposer: Proposer | SequenceProposer | None) -> Proposer | None:

@@ -62,8 +62,11 @@ class PrefixCache:
         return best, best_n
 
     def put(self, tokens: list[int], snapshot: Any, hidden: Tensor | None, nbytes: int) -> None:
-        """Store a prompt's row (tokens: what the snapshot holds). A stored prompt that this one extends, or the
-        same one, is replaced; prompts past the budget are dropped, oldest first."""
+        """Store a prompt's row (tokens: what the snapshot holds; nbytes: the snapshot's bytes, the features' are
+        added here). A stored prompt that this one extends, or the same one, is replaced; prompts past the budget
+        are dropped, oldest first."""
+        if hidden is not None:
+            nbytes += hidden.numel() * hidden.element_size()
         if len(tokens) < self.min_tokens or nbytes > self.budget:
             return
         key = tuple(tokens)

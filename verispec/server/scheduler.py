@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from verispec.engine import Batch, GenerationParams, NewSequence, Sequence, Step
+from verispec.engine import Batch, GenerationParams, NewSequence, Sequence, Step, per_row
 from verispec.grammar import Constraint
 from verispec.models.llama import LlamaModel
 from verispec.models.tokenizer import TextStream, Tokenizer
@@ -218,8 +218,8 @@ class Scheduler:
                 continue
             try:
                 proposer = self.proposer(request.strategy)
-            except Exception:  # noqa: BLE001
-                self._refuse(request)
+            except Exception as e:  # noqa: BLE001
+                self._refuse(request, e)
                 continue
             text = TextStream(self.tokenizer, request.stop)
             news.append(NewSequence(request.prompt, request.params, proposer,
@@ -229,20 +229,11 @@ class Scheduler:
             return
         prefix = self.batch.prefix
         hits, reused = (prefix.hits, prefix.reused_tokens) if prefix is not None else (0, 0)
-        try:
-            seqs = self.batch.add_many(news)
-        except Exception:  # noqa: BLE001
-            if len(news) == 1:
-                self._refuse(news[0].tag.request)
-                return
-            log.warning("a joint prefill of %d requests failed; prefilling them one at a time", len(news))
-            seqs = []
-            for new in news:
-                try:
-                    seqs += self.batch.add_many([new])
-                except Exception:  # noqa: BLE001
-                    self._refuse(new.tag.request)
-        for seq in seqs:
+        got = per_row(lambda ii: self.batch.add_many([news[i] for i in ii]), list(range(len(news))))
+        for new, seq in zip(news, got):
+            if isinstance(seq, BaseException):
+                self._refuse(new.tag.request, seq)
+                continue
             if seq.fell_back:
                 self.metrics.draft_failures.inc()
             self.metrics.prompt_tokens.inc(len(seq.prompt))
@@ -259,8 +250,8 @@ class Scheduler:
 
         return stop_fn
 
-    def _refuse(self, request: Request) -> None:
-        log.exception("prefill failed")
+    def _refuse(self, request: Request, error: BaseException) -> None:
+        log.error("prefill failed", exc_info=error)
         self.metrics.requests.labels(finish_reason="error").inc()
         request.sink(Failed("internal error while reading the prompt"))
 
