@@ -1,4 +1,4 @@
-import time, torch, statistics, sys
+import time, torch, statistics
 from verispec.models import kernels
 from verispec.models.quant import W4A8Linear
 mod = kernels.w4a8()
