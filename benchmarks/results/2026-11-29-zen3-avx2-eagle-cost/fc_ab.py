@@ -1,5 +1,5 @@
 """EAGLE's input projection on an AVX2 CPU: float32 (as now), bf16 through llama.Linear (Bf16Linear), bf16 plain F.linear."""
-import statistics, sys, time, torch
+import statistics, sys, torch
 import torch.nn.functional as F
 from torch import nn
 from verispec.models.load import default_threads, load
