@@ -1,4 +1,4 @@
-import time, torch
+import torch
 from torch.utils import cpp_extension
 src = r'''
 #include <ATen/Parallel.h>
