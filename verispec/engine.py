@@ -173,7 +173,7 @@ def extra_layout(g: int, proposal: Proposal) -> Tree:
 
 
 def per_row(fn: Callable[[list[int]], list[T]], idx: list[int],
-             generators: list[torch.Generator] | None = None) -> list[T | BaseException]:
+            generators: list[torch.Generator] | None = None) -> list[T | BaseException]:
     """fn over all of `idx` at once; if that raises, over each alone (from the same random state, where fn draws
     from `generators`), so only the failing ones get their exception (a batch's failure must not cost the other
     rows anything)."""
@@ -377,9 +377,9 @@ class Batch:
         shapes = [s.shaper() for s in seqs]
         for proposer, idx in _by_proposer(seqs, [i for i, g in enumerate(gammas) if g > 0]):
             got = per_row(lambda ii: proposer.propose(ii, [gammas[i] for i in ii],
-                                                       [seqs[i].params.sampling for i in ii],
-                                                       [seqs[i].generator for i in ii], [shapes[i] for i in ii]),
-                           idx, [seqs[i].generator for i in idx])
+                                                      [seqs[i].params.sampling for i in ii],
+                                                      [seqs[i].generator for i in ii], [shapes[i] for i in ii]),
+                          idx, [seqs[i].generator for i in idx])
             for i, p in zip(idx, got):
                 if isinstance(p, BaseException):
                     self._fall_back(seqs[i], i, p)
@@ -427,9 +427,9 @@ class Batch:
             return torch.stack([shape(row, path) for row, path in zip(logits[i], paths)])
 
         got = per_row(lambda ii: verify([drafts[i] for i in ii], [shaped(i) for i in ii], [qs[i] for i in ii],
-                                         [seqs[i].params.sampling for i in ii], [seqs[i].generator for i in ii],
-                                         self.verifier, parents=[parents[i] for i in ii], tree=self.tree_verifier),
-                       list(range(len(seqs))), [s.generator for s in seqs])
+                                        [seqs[i].params.sampling for i in ii], [seqs[i].generator for i in ii],
+                                        self.verifier, parents=[parents[i] for i in ii], tree=self.tree_verifier),
+                      list(range(len(seqs))), [s.generator for s in seqs])
         verify_share = (time.perf_counter() - t0) / len(seqs)
 
         steps = []
