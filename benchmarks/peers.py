@@ -1,6 +1,7 @@
 """Every configuration of a bench run over llama.cpp's plain decoding, and our default over each llama.cpp
 speculation, geometric means of per-prompt tokens/s ratios, code prompts and all: whole requests (the first token's
-time included), then decoding alone (the tokens after the first over the time after it).
+time included), then decoding alone (the tokens after the first over the time after it); then, per category, our
+default over each peer configuration (whole requests).
 
     python benchmarks/peers.py benchmarks/results/<run>/runs.jsonl [OURS] > benchmarks/results/<run>/peers.md
 
@@ -40,3 +41,17 @@ for T in sorted({k[2] for k in by}):
             diff = sum(v[c]["token_ids"] != v[plain]["token_ids"] for (p, k, t), v in by.items()
                        if t == T and T == 0 and c in v and plain in v)
             print(f"| {c} | " + " | ".join(cells) + f" | {diff if T == 0 else '–'} |")
+    # by category, whole request: our default over each peer configuration
+    peers = [c for c in configs if c.startswith(("llama.cpp", "openvino"))]
+    cats = sorted({k for (p, k, t) in by if t == T})
+    print(f"\n## T = {T}, whole request, {ours} over each peer by category\n\n| category | prompts | "
+          + " | ".join(f"/ {c}" for c in peers) + " |")
+    print("|---|---|" + "---|" * len(peers))
+    for cat in cats:
+        cells = []
+        for c in peers:
+            xs = [measures["whole request"](v[ours]) / measures["whole request"](v[c]) for (p, k, t), v in by.items()
+                  if t == T and k == cat and ours in v and c in v]
+            cells.append(f"{gm(xs):.2f}×")
+        n = sum(1 for (p, k, t) in by if t == T and k == cat)
+        print(f"| {cat} | {n} | " + " | ".join(cells) + " |")
