@@ -52,9 +52,11 @@ def default_gamma(dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE, kern
     the AVX-512 VNNI build (kernel_isa "avx512") 4 tokens cost 1.06x a step and 8 1.47x on an AMD EPYC, and `auto`
     capped at 6 decoded 1.35x / 1.42x our plain decoding greedy against 1.34x / 1.40x at 4, and 1.38x / 1.42x
     against 1.31x / 1.39x at T = 0.7 (two runs of 18 suite prompts; 8: 1.31x, 1.33x; benchmarks/results/
-    2026-11-26-epyc-avx512-auto-gamma-cap*). The AVX2 build's verification costs more (1.4x a step for 2 tokens
-    on that CPU), and 4 stays there, with the AVX-VNNI build (5 tokens 1.83x a step against the AVX2 build's 2.04x,
-    its EVEX stand-in on that CPU: 2026-11-27-epyc-avxvnni-build) and elsewhere (GPU).
+    2026-11-26-epyc-avx512-auto-gamma-cap*). On an AMD EPYC Zen 5, where 8 tokens cost 1.32x a step, caps 6 and 8
+    both gave 1.48x over 18 suite prompts greedy (2026-12-01-zen5-avx512-auto-gamma-cap). The AVX2 build's
+    verification costs more (1.4x a step for 2 tokens on that CPU), and 4 stays there, with the AVX-VNNI build (5
+    tokens 1.83x a step against the AVX2 build's 2.04x, its EVEX stand-in on that CPU: 2026-11-27-epyc-avxvnni-build)
+    and elsewhere (GPU).
 
     >>> default_gamma("bfloat16", "cpu"), default_gamma("w4a8", "cpu", "avx512"), default_gamma("w4a8", "cpu", "avx2")
     (8, 6, 4)
