@@ -319,10 +319,10 @@ def test_a_drafter_beside_a_bf16_target_runs_in_bf16_and_keeps_greedy_identity(w
 
 
 def test_a_drafter_on_the_kernel_keeps_fc_in_bf16_where_the_cpu_has_bf16(wide_target, eagle, tmp_path):
-    """load_drafter(quantize_kind=...) (a w4a8 target's drafter) runs fc on bf16 weights where the CPU has native
-    bf16 and on float32 ones elsewhere; either way fc's output stays close to the float layer's and greedy output
-    is plain decoding's."""
-    from verispec.models.eagle import Bf16Linear
+    """load_drafter(quantize_kind=...) (a w4a8 target's drafter) splits fc into a table of its token half and its
+    feature half (TokenTableFc), on bf16 weights where the CPU has native bf16 and on float32 ones elsewhere;
+    either way fc's output stays close to the float layer's and greedy output is plain decoding's."""
+    from verispec.models.eagle import Bf16Linear, TokenTableFc
     from verispec.models.kernels import KernelError, cpu_flags
 
     eagle.save(tmp_path / "d")
@@ -331,17 +331,46 @@ def test_a_drafter_on_the_kernel_keeps_fc_in_bf16_where_the_cpu_has_bf16(wide_ta
     except KernelError as e:
         pytest.skip(f"no w4a8 kernel here: {e}")
     native = "avx512_bf16" in cpu_flags()
-    assert isinstance(quantized.fc, Bf16Linear) == native
-    x = torch.randn(3, 2 * wide_target.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    assert isinstance(quantized.fc, TokenTableFc)
+    assert isinstance(quantized.fc.feature_part, Bf16Linear) == native
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, wide_target.vocab_size, (2, 3), generator=gen)
+    h = torch.randn(2, 3, wide_target.cfg.hidden_size, generator=gen)
     with torch.no_grad():
-        got = quantized.fc(x)
+        got = quantized.inputs(tokens, h)
         assert got.dtype == torch.float32
-        torch.testing.assert_close(got, eagle.fc(x), atol=0.05, rtol=0.02)
+        torch.testing.assert_close(got, eagle.inputs(tokens, h), atol=0.05, rtol=0.02)
     prompt = [3, 1, 4, 1, 5]
     plain = generate(wide_target, prompt, GenerationParams(max_new_tokens=20))
     spec = generate(wide_target, prompt, GenerationParams(max_new_tokens=20, gamma=3),
                     EagleProposer(quantized, 40, wide_target.vocab_size))
     assert spec.token_ids == plain.token_ids and spec.metrics.accepted > 0
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_token_table_fc_equals_fc_inside_and_past_its_table(wide_target, eagle, bf16):
+    """TokenTableFc gives fc's output, to bf16's rounding of its table, for ids in its table (a row of T) and past
+    it (their embeddings through the token half), alone and mixed in one forward. fc here has a bias of the
+    outputs' size and halves unlike each other, so a lost bias or a swapped half would show."""
+    from verispec.models.eagle import TokenTableFc
+
+    H = wide_target.cfg.hidden_size
+    gen = torch.Generator().manual_seed(1)
+    fc = torch.nn.Linear(2 * H, H)
+    with torch.no_grad():
+        fc.weight.copy_(torch.cat([0.2 * torch.randn(H, H, generator=gen), 0.05 * torch.randn(H, H, generator=gen)], 1))
+        fc.bias.copy_(torch.randn(H, generator=gen))
+    rows = wide_target.vocab_size // 2
+    split = TokenTableFc(fc, eagle, rows, bf16=bf16)
+    assert split.table.shape == (rows, H) and split.table.dtype == torch.bfloat16
+    h = torch.randn(1, 4, H, generator=gen)
+    for ids in ([1, 2, 3, 4], [rows, rows + 1, wide_target.vocab_size - 1, rows + 2], [0, rows, 5, rows + 3]):
+        tokens = torch.tensor([ids])
+        with torch.no_grad():
+            want = fc(torch.cat([eagle.embed_tokens(tokens), h], dim=-1))
+            got = split(tokens, h, eagle.embed_tokens)
+        assert got.shape == want.shape and got.dtype == torch.float32
+        torch.testing.assert_close(got, want, atol=0.01 * float(want.abs().max()), rtol=0)
 
 
 def test_train_drafter_command_trains_resumes_and_drafts(pair, capsys, tmp_path):  # noqa: F811
