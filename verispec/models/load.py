@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,9 +182,58 @@ def _check_vocab(target: LoadedModel, draft: LoadedModel) -> None:
         )
 
 
-def default_threads() -> None:
-    """Use every core the process may run on (torch sometimes picks fewer in containers)."""
+OMP_BINDING = ("GOMP_CPU_AFFINITY", "OMP_PLACES", "OMP_PROC_BIND")
+
+
+def threads_to_use(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The torch threads verispec runs: $OMP_NUM_THREADS where it is a positive number (what the user asked for);
+    else every CPU this process may run on (torch sometimes picks fewer in containers). Where OpenMP binds threads
+    ($GOMP_CPU_AFFINITY, $OMP_PLACES, $OMP_PROC_BIND), its runtime has bound this thread to the first place before
+    verispec starts, so the process's affinity shows that place alone: then the CPUs the binding names (a list of
+    CPUs and ranges, or of {...} places), or every CPU of the machine where it names none. Pinned with
+    GOMP_CPU_AFFINITY="0 1" on a 2-core VM, verispec had run one thread, 1.35-1.45x slower
+    (benchmarks/results/2026-12-02-zen5-avx512-levers). None where the platform tells nothing.
+
+    >>> threads_to_use({"OMP_NUM_THREADS": "3"}), threads_to_use({"GOMP_CPU_AFFINITY": "0-3 8"})
+    (3, 5)
+    >>> threads_to_use({"OMP_PLACES": "{0},{1}", "OMP_PROC_BIND": "close"}), threads_to_use({"OMP_PLACES": "{0:4}"})
+    (2, 4)
+    """
+    asked = environ.get("OMP_NUM_THREADS", "").strip()
+    if asked.isdigit() and int(asked) > 0:
+        return int(asked)
+    for name in OMP_BINDING:
+        value = environ.get(name, "").strip()
+        if value:
+            return bound_cpus(value) or os.cpu_count()
     try:
-        torch.set_num_threads(len(os.sched_getaffinity(0)))
+        return len(os.sched_getaffinity(0))
     except AttributeError:
-        pass
+        return os.cpu_count()
+
+
+def bound_cpus(binding: str) -> int | None:
+    """How many CPUs an OpenMP binding names: GOMP_CPU_AFFINITY's "0 1", "0-3", "0-7:2", or OMP_PLACES' "{0},{1}",
+    "{0:4}", "{0,1},{2,3}"; None for abstract ones ("cores", "true", "spread") or anything else."""
+    cpus: set[int] = set()
+    places = re.findall(r"\{([^}]*)\}", binding)
+    for part in (re.split(r"[,\s]+", p.strip()) for p in places) if places else [re.split(r"[,\s]+", binding)]:
+        for item in part:
+            m = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?|:(\d+)(?::(\d+))?)?", item)
+            if m is None:
+                return None
+            first = int(m[1])
+            if m[2] is not None:  # a-b[:stride]
+                cpus.update(range(first, int(m[2]) + 1, int(m[3] or 1)))
+            elif m[4] is not None:  # first:count[:stride] (OMP_PLACES' interval)
+                cpus.update(range(first, first + int(m[4]) * int(m[5] or 1), int(m[5] or 1)))
+            else:
+                cpus.add(first)
+    return len(cpus) or None
+
+
+def default_threads() -> None:
+    """Set torch's threads to threads_to_use()."""
+    threads = threads_to_use()
+    if threads:
+        torch.set_num_threads(threads)
