@@ -17,6 +17,7 @@ def test_omp_num_threads_wins_and_the_affinity_is_the_default():
     assert threads_to_use({}) == default
     assert threads_to_use({"OMP_NUM_THREADS": "0"}) == default  # not a thread count: ignored
     assert threads_to_use({"OMP_NUM_THREADS": "four"}) == default
+    assert threads_to_use({"OMP_PROC_BIND": "false", "GOMP_CPU_AFFINITY": "0"}) == default  # binding off
 
 
 @pytest.mark.parametrize("env, want", [

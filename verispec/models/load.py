@@ -202,7 +202,8 @@ def threads_to_use(environ: Mapping[str, str] = os.environ) -> int | None:
     asked = environ.get("OMP_NUM_THREADS", "").strip()
     if asked.isdigit() and int(asked) > 0:
         return int(asked)
-    for name in OMP_BINDING:
+    bound = environ.get("OMP_PROC_BIND", "").strip().lower() != "false"  # false: no thread is bound
+    for name in OMP_BINDING if bound else ():
         value = environ.get(name, "").strip()
         if value:
             return bound_cpus(value) or os.cpu_count()
