@@ -217,9 +217,8 @@ def bound_cpus(binding: str) -> int | None:
     """How many CPUs an OpenMP binding names: GOMP_CPU_AFFINITY's "0 1", "0-3", "0-7:2", or OMP_PLACES' "{0},{1}",
     "{0:4}", "{0,1},{2,3}"; None for abstract ones ("cores", "true", "spread") or anything else."""
     cpus: set[int] = set()
-    places = re.findall(r"\{([^}]*)\}", binding)
-    for part in (re.split(r"[,\s]+", p.strip()) for p in places) if places else [re.split(r"[,\s]+", binding)]:
-        for item in part:
+    for group in re.findall(r"\{([^}]*)\}", binding) or [binding]:  # the {...} places, or the whole list
+        for item in re.split(r"[,\s]+", group.strip()):
             m = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?|:(\d+)(?::(\d+))?)?", item)
             if m is None:
                 return None
