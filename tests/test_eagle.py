@@ -318,11 +318,12 @@ def test_a_drafter_beside_a_bf16_target_runs_in_bf16_and_keeps_greedy_identity(w
     assert accepted > 0
 
 
-def test_a_drafter_on_the_kernel_keeps_fc_in_bf16_where_the_cpu_has_bf16(wide_target, eagle, tmp_path):
-    """load_drafter(quantize_kind=...) (a w4a8 target's drafter) splits fc into a table of its token half and its
-    feature half (TokenTableFc), on bf16 weights where the CPU has native bf16 and on float32 ones elsewhere;
-    either way fc's output stays close to the float layer's and greedy output is plain decoding's."""
-    from verispec.models.eagle import Bf16Linear, TokenTableFc
+def test_a_drafter_on_the_kernel_splits_fc_and_runs_its_feature_half_on_the_kernel(wide_target, eagle, tmp_path):
+    """load_drafter(quantize_kind=...) (a w4a8 target's drafter) splits fc into a table of its token half (built on
+    bf16 weights where the CPU has native bf16, float32 ones elsewhere) and its feature half, which runs on the kernel
+    as two int8 rows a row (TwoRowInt8Linear); fc's output stays close to the float layer's and greedy output is
+    plain decoding's."""
+    from verispec.models.eagle import Bf16Linear, TokenTableFc, TwoRowInt8Linear
     from verispec.models.kernels import KernelError, cpu_flags
 
     eagle.save(tmp_path / "d")
@@ -332,7 +333,8 @@ def test_a_drafter_on_the_kernel_keeps_fc_in_bf16_where_the_cpu_has_bf16(wide_ta
         pytest.skip(f"no w4a8 kernel here: {e}")
     native = "avx512_bf16" in cpu_flags()
     assert isinstance(quantized.fc, TokenTableFc)
-    assert isinstance(quantized.fc.feature_part, Bf16Linear) == native
+    assert isinstance(quantized.fc.token_part, Bf16Linear) == native
+    assert isinstance(quantized.fc.feature_part, TwoRowInt8Linear)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, wide_target.vocab_size, (2, 3), generator=gen)
     h = torch.randn(2, 3, wide_target.cfg.hidden_size, generator=gen)
@@ -345,6 +347,36 @@ def test_a_drafter_on_the_kernel_keeps_fc_in_bf16_where_the_cpu_has_bf16(wide_ta
     spec = generate(wide_target, prompt, GenerationParams(max_new_tokens=20, gamma=3),
                     EagleProposer(quantized, 40, wide_target.vocab_size))
     assert spec.token_ids == plain.token_ids and spec.metrics.accepted > 0
+
+
+def test_two_row_int8_linear_holds_features_with_outlier_dimensions():
+    """TwoRowInt8Linear on inputs shaped like the target's features (RMS ~6, a few dimensions ~100x larger, one row
+    ~1500 as at the first position) stays within 1.5% of the float linear, row by row, where the same 8-bit weights
+    with one int8 row (the kernel's per-row codes alone: the residual row dropped) are several times further off."""
+    from verispec.models.eagle import TwoRowInt8Linear
+    from verispec.models.kernels import KernelError, w4a8
+
+    try:
+        w4a8()
+    except KernelError as e:
+        pytest.skip(f"no w4a8 kernel here: {e}")
+    gen = torch.Generator().manual_seed(3)
+    k, n = 256, 96
+    linear = torch.nn.Linear(k, n, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(0.05 * torch.randn(n, k, generator=gen))
+    x = 6 * torch.randn(5, k, generator=gen)
+    x[:, [7, 100, 201]] *= torch.tensor([15.0, -12.0, 20.0])
+    x[0, 42] = 1500.0
+    two = TwoRowInt8Linear(linear)
+    with torch.no_grad():
+        want = linear(x)
+        got = two(x[None])[0]
+        one = two.inner(x)  # the first row alone
+    assert got.shape == want.shape and got.dtype == torch.float32
+    err = lambda y: ((y - want).norm(dim=-1) / want.norm(dim=-1)).max().item()  # noqa: E731
+    assert err(got) < 0.015, err(got)
+    assert err(one) > 3 * err(got), (err(one), err(got))
 
 
 @pytest.mark.parametrize("bf16", [False, True])

@@ -211,6 +211,12 @@ class EagleDrafter(LlamaModel):
         save_drafter(directory, self.own_state(), asdict(self.eagle))
 
 
+def _float_linear(weight: Tensor) -> nn.Linear:
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    linear.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
+    return linear
+
+
 def load_drafter(directory: str | Path, target: LlamaModel, *, quantize_kind: str | None = None,
                  dtype: torch.dtype | None = None) -> EagleDrafter:
     """A drafter directory over `target` (its embedding and norm shared), on the target's device. quantize_kind:
@@ -243,15 +249,17 @@ def load_drafter(directory: str | Path, target: LlamaModel, *, quantize_kind: st
         from verispec.models.kernels import cpu_flags
         from verispec.models.quant import quantize
 
-        # the layer and the head; fc stays floating point (bf16 weights where the CPU has bf16): it reads the target's
-        # features, whose outlier dimensions (~90 against an RMS of ~7 in Qwen2.5-Coder-1.5B) would coarsen
-        # everything else under per-token int8 rounding
+        # the layer and the head; fc's feature half and fuse read the target's features, whose outlier dimensions
+        # (~90 against an RMS of ~7 in Qwen2.5-Coder-1.5B) would coarsen everything else under per-token int8
+        # rounding: on the w4a8 kernel they take each row as two (TwoRowInt8Linear), else floating point (bf16
+        # weights where the CPU has bf16)
         quantize(drafter.layers, quantize_kind)
         drafter.lm_head = quantize(nn.ModuleList([drafter.lm_head]), quantize_kind)[0]
         bf16 = target.device.type == "cpu" and "avx512_bf16" in cpu_flags()
-        drafter.fc = TokenTableFc(drafter.fc, drafter, cfg.head_vocab, bf16=bf16)
-        if bf16 and drafter.fuse is not None:
-            drafter.fuse = Bf16Linear(drafter.fuse)
+        kernel = quantize_kind.startswith("w4a8")
+        drafter.fc = TokenTableFc(drafter.fc, drafter, cfg.head_vocab, bf16=bf16, kernel=kernel)
+        if drafter.fuse is not None and (kernel or bf16):
+            drafter.fuse = TwoRowInt8Linear(drafter.fuse) if kernel else Bf16Linear(drafter.fuse)
     return drafter.to(target.device)  # its own weights and rope tables beside the target's (a GPU's)
 
 
@@ -277,13 +285,41 @@ class Bf16Linear(nn.Module):
         return self.inner(x.to(torch.bfloat16)).to(x.dtype)
 
 
+class TwoRowInt8Linear(nn.Module):
+    """A float linear layer on the w4a8 kernel: 8-bit weights, and each input row sent as two int8 rows, its own
+    per-row codes and the residual they leave, whose outputs are summed. The target's features have outlier
+    dimensions (~90 against an RMS of ~6.4 in Qwen2.5-Coder-1.5B, 1484 at the first position) that per-row int8
+    codes alone cannot hold (4.5-5.9% off); with the residual as a second row the activations carry ~15 bits and the
+    output is 0.7% off float32's (bf16 weights: 0.25%), the 8-bit weight grid's error. Two rows of a one-token
+    forward cost what one does where reading the weights bounds it, and the weights are half bf16's bytes, read with
+    the kernel's prefetch: the EAGLE drafter's feature half took 0.35 against 0.66 ms from cold caches (AMD EPYC
+    Zen 5; benchmarks/results/2026-12-02-zen5-avx512-eagle-two-rows). The drafter only changes acceptance, never
+    the output."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        from verispec.models.quant import W4A8Linear
+
+        self.inner = W4A8Linear(linear, bits=8)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: Tensor) -> Tensor:
+        from verispec.models.kernels import w4a8
+
+        flat = x.reshape(-1, self.in_features).float()
+        kp, np_ = self.inner._padded
+        flat = torch.nn.functional.pad(flat, (0, kp - self.in_features)) if kp != self.in_features else flat.contiguous()
+        y = w4a8().w4a8_mm_split(flat, *self.inner.operands())  # the residual rows made and summed in the kernel
+        return y[:, : self.out_features].reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
 class TokenTableFc(nn.Module):
     """fc split in two at inference: [embed(x), h] W^T + b = T[x] + h W_h^T, where T = embed(ids < rows) W_e^T + b is
     computed once (W = [W_e | W_h]). A draft step then reads W_h, half of fc, and one row of T: every token it
     drafts is an id its head proposes (< head_vocab = rows); other ids (the target's, in a round's first forward) take
     W_e. The table holds rows x H bf16 values (98 MB for the 1.5B target's 32,000-row head), built in 0.4 s with bf16
     weights and 1.3 s in float32 on 2 cores. Where the CPU has native bf16 both halves' weights are bf16 (as
-    Bf16Linear), else float32.
+    Bf16Linear), else float32; beside a w4a8 target the feature half runs on the kernel (TwoRowInt8Linear).
 
     The drafter only changes acceptance, never the output: T[x] is the same sum as fc's, rounded once to bf16 (fc's
     own output is bf16 on such a CPU). Whole, fc read 9.4 MB a draft step, a fifth of the drafter's bytes; split,
@@ -291,17 +327,18 @@ class TokenTableFc(nn.Module):
     outputs) and 0.76x in a row of forwards (AMD EPYC Zen 5; benchmarks/results/2026-12-02-zen5-avx512-eagle-fc-table).
     """
 
-    def __init__(self, fc: nn.Linear, drafter: "EagleDrafter", rows: int, *, bf16: bool) -> None:
+    def __init__(self, fc: nn.Linear, drafter: "EagleDrafter", rows: int, *, bf16: bool,
+                 kernel: bool = False) -> None:
+        """bf16: both halves' weights in bf16 (else float32); kernel: the feature half, the one a draft step reads,
+        on the w4a8 kernel instead (TwoRowInt8Linear)."""
         super().__init__()
         h = fc.out_features
         w = fc.weight.detach().float()
         b = fc.bias.detach().float() if fc.bias is not None else torch.zeros(h)
-        halves = []
-        for part in (w[:, :h], w[:, h:]):
-            linear = nn.Linear(h, h, bias=False, device="meta")
-            linear.weight = nn.Parameter(part.contiguous(), requires_grad=False)
-            halves.append(Bf16Linear(linear) if bf16 else linear)
-        self.token_part, self.feature_part = halves
+        token, feature = _float_linear(w[:, :h]), _float_linear(w[:, h:])
+        self.token_part: nn.Module = Bf16Linear(token) if bf16 else token
+        self.feature_part: nn.Module = (TwoRowInt8Linear(feature) if kernel else Bf16Linear(feature) if bf16
+                                        else feature)
         self.register_buffer("bias", b, persistent=False)
         ids = torch.arange(min(rows, drafter.vocab_size), device=fc.weight.device)
         with torch.no_grad():

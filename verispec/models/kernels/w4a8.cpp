@@ -362,6 +362,39 @@ constexpr auto kBlocks = blocks<BITS>(std::make_integer_sequence<int, kRows>{});
 // x [M, K] float32; w [N / 16, K / 8, 64] uint8 with 4 bits, [N / 16, 3 K / 16, 64] with 6, [N / 16, K / 4, 64]
 // with 8; codes [N / 16, K / 32, 32] uint8, units [N / 16, ceil(K / 256), 32] bfloat16 (see the top); bias [N]
 // float32 or empty. Returns x W^T + bias as [M, N] float32.
+torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor codes, torch::Tensor units, torch::Tensor bias);
+
+// w4a8_mm with each row of x sent as two int8 rows, its per-row codes and the residual they leave (x - q * scale,
+// quantized per row in turn), the two outputs summed: ~15-bit activations for inputs whose outlier dimensions per-row
+// int8 alone cannot hold (the target's features beside small ones), at about one row's cost where the weights' reads
+// bound the matmul. The residual uses quantize_row's own float steps (x * (1 / scale), rounded to nearest even).
+torch::Tensor w4a8_mm_split(torch::Tensor x, torch::Tensor w, torch::Tensor codes, torch::Tensor units,
+                            torch::Tensor bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
+  const int64_t M = x.size(0), K = x.size(1);
+  auto both = torch::empty({2 * M, K}, torch::kFloat32);
+  const float* xp = x.data_ptr<float>();
+  float* bp = both.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = xp + m * K;
+    float amax = 0.f;
+    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(row[k]));  // NaN: skipped, as quantize_row
+    const float scale = amax > 0.f ? amax / 127.f : 1.f, inv = 1.f / scale;
+    std::copy(row, row + K, bp + m * K);
+    float* res = bp + (M + m) * K;
+    for (int64_t k = 0; k < K; ++k) res[k] = row[k] - std::nearbyint(row[k] * inv) * scale;
+  }
+  auto y = w4a8_mm(both, w, codes, units, torch::empty({0}, torch::kFloat32));  // the bias once, below
+  const int64_t N = y.size(1);
+  auto out = torch::empty({M, N}, torch::kFloat32);
+  const float* yp = y.data_ptr<float>();
+  const float* bias_p = bias.numel() ? bias.data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) op[m * N + n] = yp[m * N + n] + yp[(M + m) * N + n] + (bias_p ? bias_p[n] : 0.f);
+  return out;
+}
+
 torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor codes, torch::Tensor units, torch::Tensor bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
   TORCH_CHECK(w.dim() == 3 && w.scalar_type() == torch::kUInt8 && w.is_contiguous() && w.size(2) == 64, "w: packed uint8");
@@ -454,6 +487,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("v"), pybind11::arg("rows"), pybind11::arg("slots"), pybind11::arg("read"),
            pybind11::arg("mask"), pybind11::arg("start") = 0);
   m.def("w4a8_mm", &w4a8_mm, "4-bit weight x int8 activation matmul");
+  m.def("w4a8_mm_split", &w4a8_mm_split, "w4a8_mm with each row as two int8 rows: its codes and their residual");
   m.def("attention", &attention, "attention of each query on its own over a float32 KV cache");
   m.def("layer_pre", &layer_pre, "a decoder layer's norm, q/k/v projection and rope (w4a8 weights)");
   m.def("layer_post", &layer_post, "a decoder layer's output projection, MLP and residuals (w4a8 weights)");
