@@ -23,7 +23,7 @@ __all__ = [
     "strategy_help", "strategy_options",
 ]
 
-DTYPE_CHOICES = ["bfloat16", "float32", "int8", "int4", "w8a8", "w4a8", "w4a8-4bit"]
+DTYPE_CHOICES = ["bfloat16", "float32", "int8", "int4", "w8a8", "w4a8", "w4a8-4bit", "w4a8-3bit"]
 
 # flag -> (the StrategyOptions field it sets, the strategies that read that field)
 STRATEGY_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 if TYPE_CHECKING:
     from verispec.models.llama import LlamaModel
 
-QUANTIZED = ("int8", "int4", "w8a8", "w4a8", "w4a8-4bit")
+QUANTIZED = ("int8", "int4", "w8a8", "w4a8", "w4a8-4bit", "w4a8-3bit")
 INT4_GROUP = 32  # the sub-block of GGUF's Q4_K: its 4-bit grids requantize with little extra error
 
 
@@ -242,21 +242,34 @@ class W4A8Linear(nn.Module):
         n, k = q.shape
         if bits == 8:
             return q.reshape(n // 16, 16, k // 4, 4).permute(0, 2, 1, 3).reshape(n // 16, k // 4, 64).contiguous()
+        if bits == 3:  # per group of 32 inputs: the low 2 bits as 2 blocks of 2-bit fields, then a block of top bits
+            low = W4A8Linear.fields2(q & 3)
+            # top bits: block, group, lane, byte j, bit f = input 4 f + j
+            top = (q >> 2).reshape(n // 16, 16, k // 32, 8, 4).permute(0, 2, 1, 4, 3).to(torch.int32)
+            top = (top << torch.arange(8, dtype=torch.int32)).sum(-1).to(torch.uint8)
+            return torch.cat([low, top.reshape(n // 16, k // 32, 64)], -1).reshape(n // 16, 3 * k // 32, 64)
         if bits == 6:  # per group of 32 inputs: the low nibbles as 4 bits, then 2 blocks of the top 2 bits
             low = W4A8Linear.pack(q & 15, 4).reshape(n // 16, k // 32, 256)
-            # top: block, group, lane, plane p, field f, byte j = input 16 p + 4 f + j
-            top = (q >> 4).reshape(n // 16, 16, k // 32, 2, 4, 4).permute(0, 2, 3, 1, 5, 4)
-            top = top[..., 0] | (top[..., 1] << 2) | (top[..., 2] << 4) | (top[..., 3] << 6)
-            return torch.cat([low, top.reshape(n // 16, k // 32, 128)], -1).reshape(n // 16, 3 * k // 16, 64)
+            top = W4A8Linear.fields2(q >> 4)
+            return torch.cat([low, top], -1).reshape(n // 16, 3 * k // 16, 64)
         qb = q.reshape(n // 16, 16, k // 8, 2, 4).permute(0, 2, 1, 4, 3)  # block, octet, lane, byte, nibble
         return (qb[..., 0] | (qb[..., 1] << 4)).reshape(n // 16, k // 8, 64).contiguous()
+
+    @staticmethod
+    def fields2(q: Tensor) -> Tensor:
+        """[N, K] 2-bit values -> [N / 16, K / 32, 128]: per group of 32 inputs 2 blocks, byte 4 * lane + j of block p
+        holding, from bit 0 up, inputs 16 p + 4 f + j for f = 0..3 (the 6-bit layout's top bits, the 3-bit one's low)."""
+        n, k = q.shape
+        # block, group, plane p, lane, byte j, field f
+        f = q.reshape(n // 16, 16, k // 32, 2, 4, 4).permute(0, 2, 3, 1, 5, 4)
+        return (f[..., 0] | (f[..., 1] << 2) | (f[..., 2] << 4) | (f[..., 3] << 6)).reshape(n // 16, k // 32, 128)
 
     def _load_from_state_dict(self, state: dict, prefix: str, *args: Any) -> None:
         """A cached matrix may hold 6- or 8-bit codes where this module was built (on the meta device) for 4."""
         saved = state.get(prefix + "weight")
         if saved is not None and saved.shape != self.weight.shape:
             kp = self._padded[0]
-            self.bits = {kp // 4: 8, 3 * kp // 16: 6}.get(saved.shape[1], 4)
+            self.bits = {kp // 4: 8, 3 * kp // 16: 6, 3 * kp // 32: 3}.get(saved.shape[1], 4)
             self.weight = torch.empty(saved.shape, dtype=saved.dtype, device=self.weight.device)
         super()._load_from_state_dict(state, prefix, *args)
 
@@ -283,6 +296,15 @@ class W4A8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
+def w4a8_bits(kind: str, name: str) -> int | None:
+    """A w4a8 kind's bits for the linear `name` (None: 4, or 6 where a 4-bit grid would coarsen it): w4a8-4bit 4
+    everywhere; w4a8-3bit 3 for the MLP (w13, w2: ~3/4 of a Qwen2.5 layer's weights) and 4 for the rest, a draft's
+    layout (it changes acceptance only, never the output)."""
+    if kind == "w4a8-3bit":
+        return 3 if name in ("w13", "w2") else 4
+    return 4 if kind == "w4a8-4bit" else None
+
+
 def quantize(model: nn.Module, kind: str = "int8") -> nn.Module:
     """Replace every nn.Linear (including a tied LM head, which gets its own copy) in place; the model
     must run in bfloat16 activations afterwards. int4 falls back to int8 for a layer its kernel cannot take."""
@@ -297,7 +319,7 @@ def quantize(model: nn.Module, kind: str = "int8") -> nn.Module:
                     setattr(module, child_name, RowInt8Linear(child))
                     continue
                 if kind.startswith("w4a8"):
-                    setattr(module, child_name, W4A8Linear(child, bits=4 if kind == "w4a8-4bit" else None))
+                    setattr(module, child_name, W4A8Linear(child, bits=w4a8_bits(kind, child_name)))
                     continue
                 four = kind == "int4" and Int4Linear.fits(child)
                 setattr(module, child_name, Int4Linear(child) if four else Int8Linear(child))
@@ -337,7 +359,8 @@ SUPERSEDED = {"w4a8": ("verispec-w4a8-q6.safetensors",), "w4a8-4bit": ("verispec
 
 def cache_file(kind: str) -> str:
     return {"int8": "verispec-int8.safetensors", "w8a8": "verispec-w8a8.safetensors",
-            "w4a8": "verispec-w4a8-q6-u8.safetensors", "w4a8-4bit": "verispec-w4a8-4bit-u8.safetensors"}.get(
+            "w4a8": "verispec-w4a8-q6-u8.safetensors", "w4a8-4bit": "verispec-w4a8-4bit-u8.safetensors",
+            "w4a8-3bit": "verispec-w4a8-3bit-mlp.safetensors"}.get(
         kind, f"verispec-int4-g{INT4_GROUP}.safetensors")
 
 
@@ -347,7 +370,7 @@ def load_quantized_llama(path: Path, kind: str = "int8", dtype: torch.dtype = to
     from verispec.models.files import aligned_safetensors, read_safetensors
     from verispec.models.llama import LlamaConfig, LlamaModel
 
-    if kind in ("w8a8", "w4a8", "w4a8-4bit"):
+    if kind in ("w8a8", "w4a8", "w4a8-4bit", "w4a8-3bit"):
         dtype = torch.float32  # activations stay float32 between the integer matmuls
     cached = path / cache_file(kind)
     if cached.is_file():

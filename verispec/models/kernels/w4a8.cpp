@@ -8,8 +8,9 @@
 // j in its low nibble and input 4 + j in its high one. With 6 bits (for weights that a 4-bit grid would
 // coarsen: GGUF's Q6_K tensors, q in 0..63) a group of 32 inputs is 384 bytes: the codes' low nibbles as four
 // 4-bit blocks, then two blocks of their top 2 bits, byte 4 * lane + j of block p holding, from bit 0 up, those
-// of inputs 16p + j, 16p + 4 + j, 16p + 8 + j, 16p + 12 + j. With 8 bits (q in 0..255) a block is 16 columns x
-// 4 inputs.
+// of inputs 16p + j, 16p + 4 + j, 16p + 8 + j, 16p + 12 + j. With 3 bits (a draft's MLP, q in 0..7) a group is 192
+// bytes: the codes' low 2 bits as two blocks of that 2-bit layout, then one block of their top bits, bit b of byte
+// 4 * lane + j holding input 4b + j's. With 8 bits (q in 0..255) a block is 16 columns x 4 inputs.
 //
 // A group's step s and offset o (w = s * q + o) are 8-bit codes on a unit that 8 groups (256 inputs, a GGUF
 // K-quant's super-block) share per column: s = S * a (a in 0..255), o = O * b (b in -127..127), S and O bf16
@@ -80,6 +81,11 @@ inline __m512 bf16x16(const uint16_t* p) {  // 16 bf16 values as float32: their 
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
 }
 
+// A 3-bit group's top bits (bit B of byte j: input 4 B + j) with bit B moved to bit 2 (masked by the caller).
+inline __m512i top3(__m512i top, int b) {
+  return b < 2 ? _mm512_sll_epi16(top, _mm_cvtsi32_si128(2 - b)) : _mm512_srl_epi16(top, _mm_cvtsi32_si128(b - 2));
+}
+
 // A row's per-row symmetric int8 codes q = nearbyint(x / scale), scale = max |x| / 127 (1 for a zero row), and
 // each group of 32's sum of codes (put_sum); returns the scale. Exact integer work and one float multiply a lane,
 // so the AVX2 build's loop gives the same bytes. K % 32 == 0.
@@ -123,9 +129,21 @@ void block(const uint8_t* w, const uint8_t* c, const uint16_t* u, const int8_t* 
       const uint8_t* wg = w + g * kGroupBytes;
       for (int t = 0; t < kGroupBytes; t += 64)
         _mm_prefetch(reinterpret_cast<const char*>(wg + kPrefetch + t), _MM_HINT_T1);
-      for (int t = 0; t < (BITS == 6 ? 4 : kGroupBytes / 64); ++t) {  // 6 bits: the 4 nibble blocks drive it
-        const __m512i v = _mm512_loadu_si512(wg + t * 64);
-        if constexpr (BITS == 4 || BITS == 6) {
+      for (int t = 0; t < (BITS == 6 || BITS == 3 ? 4 : kGroupBytes / 64); ++t) {  // 6, 3 bits: 4 steps of 8 inputs
+        const __m512i v = _mm512_loadu_si512(wg + (BITS == 3 ? t / 2 : t) * 64);
+        if constexpr (BITS == 3) {  // 2-bit fields 2 (t % 2) and the next, the top bits' bits 2 t and 2 t + 1 at bit 2
+          const __m512i low = _mm512_set1_epi8(0x03), m = _mm512_set1_epi8(0x04);
+          const __m512i top = _mm512_loadu_si512(wg + 128);
+          const __m512i f = t % 2 ? _mm512_srli_epi16(v, 4) : v;
+          const __m512i lo = _mm512_ternarylogic_epi32(_mm512_and_si512(f, low), top3(top, 2 * t), m, 0xF8);
+          const __m512i hi = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(f, 2), low),
+                                                       top3(top, 2 * t + 1), m, 0xF8);
+          for (int r = 0; r < R; ++r) {
+            const int8_t* x = xq + r * K + g * 32 + t * 8;
+            dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(x4(x)));
+            dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(x4(x + 4)));
+          }
+        } else if constexpr (BITS == 4 || BITS == 6) {
           __m512i lo = _mm512_and_si512(v, nib);
           __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
           if constexpr (BITS == 6) {  // or in the top 2 bits, moved to bits 4-5: lo's are field 2 (t % 2), hi's the next
@@ -195,6 +213,11 @@ inline __m256i dpwssd(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi
 // (8 rows 0.81-0.87x the time of 6 + 2 on an AMD Zen 4, fewer rows the same; two sums a row, to halve the chains
 // of dependent vpdpbusd, were 1.06-1.44x slower)
 constexpr int kRows = kVnni ? 8 : 6;
+
+// A 3-bit group's top bits (bit b of byte j: input 4 b + j) with bit b moved to bit 2 (masked by the caller).
+inline __m256i top3(__m256i top, int b) {
+  return b < 2 ? _mm256_sll_epi16(top, _mm_cvtsi32_si128(2 - b)) : _mm256_srl_epi16(top, _mm_cvtsi32_si128(b - 2));
+}
 
 inline __m256 bf16x8(const uint16_t* p) {  // 8 bf16 values as float32: their bits, 16 places up
   return _mm256_castsi256_ps(
@@ -266,9 +289,18 @@ void block(const uint8_t* w, const uint8_t* c, const uint16_t* u, const int8_t* 
         __m256i lo16[R], hi16[R], d32[R];
         for (int r = 0; r < R; ++r) lo16[r] = hi16[r] = d32[r] = _mm256_setzero_si256();
         const auto step = [&](const int t) __attribute__((always_inline)) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + t * 64 + h * 32));
-          __m256i lo = _mm256_and_si256(v, nib);
-          __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + (BITS == 3 ? t / 2 : t) * 64 + h * 32));
+          __m256i lo, hi;
+          if constexpr (BITS == 3) {  // 2-bit fields 2 (t % 2) and the next, the top bits' 2 t and 2 t + 1 at bit 2
+            const __m256i low = _mm256_set1_epi8(0x03), m = _mm256_set1_epi8(0x04);
+            const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 128 + h * 32));
+            const __m256i f = t % 2 ? _mm256_srli_epi16(v, 4) : v;
+            lo = _mm256_or_si256(_mm256_and_si256(f, low), _mm256_and_si256(top3(top, 2 * t), m));
+            hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(f, 2), low), _mm256_and_si256(top3(top, 2 * t + 1), m));
+          } else {
+            lo = _mm256_and_si256(v, nib);
+            hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+          }
           if constexpr (BITS == 6) {  // or in the top 2 bits, moved to bits 4-5: lo's are field 2 (t % 2), hi's the next
             const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 256 + (t / 2) * 64 + h * 32));
             const __m256i m = _mm256_set1_epi8(0x30);
@@ -280,7 +312,7 @@ void block(const uint8_t* w, const uint8_t* c, const uint16_t* u, const int8_t* 
           for (int r = 0; r < R; ++r) {
             if constexpr (kVnni && BITS == 8) {  // whole bytes: 4 products a lane in int32, no nibbles
               d32[r] = dpbusd(d32[r], v, _mm256_set1_epi32(x4(xg + r * K + t * 4)));
-            } else if constexpr (kVnni) {  // 4 or 6 bits: low nibbles (or fields) weigh inputs j, high ones 4 + j
+            } else if constexpr (kVnni) {  // 3, 4 or 6 bits: low nibbles (or fields) weigh inputs j, high ones 4 + j
               const int8_t* x = xg + r * K + t * 8;
               d32[r] = dpbusd(dpbusd(d32[r], lo, _mm256_set1_epi32(x4(x))), hi, _mm256_set1_epi32(x4(x + 4)));
             } else if constexpr (BITS == 6) {  // two pair sums in int16 (<= 32256), then into int32 times a
@@ -288,7 +320,7 @@ void block(const uint8_t* w, const uint8_t* c, const uint16_t* u, const int8_t* 
               const __m256i pair = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4(x))),
                                                     _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4(x + 4))));
               d32[r] = _mm256_add_epi32(d32[r], _mm256_madd_epi16(pair, ap));
-            } else if constexpr (BITS == 4) {  // low nibbles: inputs j, high nibbles: inputs 4 + j; one int16 sum for both
+            } else if constexpr (BITS == 4 || BITS == 3) {  // low codes: inputs j, high ones: 4 + j; one int16 sum for both
               const int8_t* x = xg + r * K + t * 8;
               lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4(x))));
               lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4(x + 4))));
@@ -299,7 +331,7 @@ void block(const uint8_t* w, const uint8_t* c, const uint16_t* u, const int8_t* 
             }
           }
         };
-        constexpr int kSteps = BITS == 6 ? 4 : kGroupBytes / 64;
+        constexpr int kSteps = BITS == 6 || BITS == 3 ? 4 : kGroupBytes / 64;
         if constexpr (kUnroll<R, BITS>) {
 #pragma GCC unroll 4
           for (int t = 0; t < kSteps; ++t) step(t);
@@ -360,7 +392,7 @@ constexpr auto kBlocks = blocks<BITS>(std::make_integer_sequence<int, kRows>{});
 }  // namespace
 
 // x [M, K] float32; w [N / 16, K / 8, 64] uint8 with 4 bits, [N / 16, 3 K / 16, 64] with 6, [N / 16, K / 4, 64]
-// with 8; codes [N / 16, K / 32, 32] uint8, units [N / 16, ceil(K / 256), 32] bfloat16 (see the top); bias [N]
+// with 8, [N / 16, 3 K / 32, 64] with 3; codes [N / 16, K / 32, 32] uint8, units [N / 16, ceil(K / 256), 32] bfloat16 (see the top); bias [N]
 // float32 or empty. Returns x W^T + bias as [M, N] float32.
 torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor codes, torch::Tensor units, torch::Tensor bias);
 
@@ -399,10 +431,11 @@ torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor codes, tor
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
   TORCH_CHECK(w.dim() == 3 && w.scalar_type() == torch::kUInt8 && w.is_contiguous() && w.size(2) == 64, "w: packed uint8");
   const int64_t M = x.size(0), K = x.size(1), NB = w.size(0), N = NB * 16, G = K / 32;
-  TORCH_CHECK(K % 32 == 0 && (w.size(1) == K / 8 || w.size(1) == 3 * K / 16 || w.size(1) == K / 4),
+  TORCH_CHECK(K % 32 == 0 && (w.size(1) == K / 8 || w.size(1) == 3 * K / 16 || w.size(1) == K / 4 ||
+                               w.size(1) == 3 * K / 32),
               "K must be a multiple of 32 and match the packed weights");
-  const int bits = w.size(1) == K / 8 ? 4 : w.size(1) == K / 4 ? 8 : 6;
-  const auto& run = bits == 4 ? kBlocks<4> : bits == 6 ? kBlocks<6> : kBlocks<8>;
+  const int bits = w.size(1) == K / 8 ? 4 : w.size(1) == K / 4 ? 8 : w.size(1) == 3 * K / 32 ? 3 : 6;
+  const auto& run = bits == 4 ? kBlocks<4> : bits == 6 ? kBlocks<6> : bits == 3 ? kBlocks<3> : kBlocks<8>;
   const int64_t U = (G + kUnitGroups - 1) / kUnitGroups;
   TORCH_CHECK(codes.scalar_type() == torch::kUInt8 && codes.is_contiguous() && codes.numel() == N * G * 2,
               "codes: uint8 [N / 16, K / 32, 32]");
