@@ -289,28 +289,22 @@ class TwoRowInt8Linear(nn.Module):
     """A float linear layer on the w4a8 kernel: 8-bit weights, and each input row sent as two int8 rows, its own
     per-row codes and the residual they leave, whose outputs are summed. The target's features have outlier
     dimensions (~90 against an RMS of ~6.4 in Qwen2.5-Coder-1.5B, 1484 at the first position) that per-row int8
-    codes alone cannot hold (4.5-5.9% off); with the residual as a second row the activations carry ~15 bits and the
+    codes alone cannot hold (3.4-5.0% off); with the residual as a second row the activations carry ~15 bits and the
     output is 0.7% off float32's (bf16 weights: 0.25%), the 8-bit weight grid's error. Two rows of a one-token
     forward cost what one does where reading the weights bounds it, and the weights are half bf16's bytes, read with
-    the kernel's prefetch: the EAGLE drafter's feature half took 0.35 against 0.66 ms from cold caches (AMD EPYC
-    Zen 5; benchmarks/results/2026-12-02-zen5-avx512-eagle-two-rows). The drafter only changes acceptance, never
-    the output."""
+    the kernel's prefetch: the EAGLE drafter's feature half took 0.22 against 0.58 ms from cold caches, and a
+    drafter forward inside real rounds 0.89x the time (AMD EPYC Zen 5;
+    benchmarks/results/2026-12-02-zen5-avx512-eagle-two-rows). The drafter only changes acceptance, never the
+    output."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         from verispec.models.quant import W4A8Linear
 
         self.inner = W4A8Linear(linear, bits=8)
-        self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: Tensor) -> Tensor:
-        from verispec.models.kernels import w4a8
-
-        flat = x.reshape(-1, self.in_features).float()
-        kp, np_ = self.inner._padded
-        flat = torch.nn.functional.pad(flat, (0, kp - self.in_features)) if kp != self.in_features else flat.contiguous()
-        y = w4a8().w4a8_mm_split(flat, *self.inner.operands())  # the residual rows made and summed in the kernel
-        return y[:, : self.out_features].reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        return self.inner(x, split=True).to(x.dtype)  # the residual rows made and summed in the kernel
 
 
 class TokenTableFc(nn.Module):

@@ -105,7 +105,7 @@ def load(spec: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu
     torch_dtype = torch.bfloat16 if quantized else DTYPES[dtype] if isinstance(dtype, str) else dtype
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelError("--device cuda was asked for, but this PyTorch build sees no CUDA device")
-    if quantized in ("int4", "w8a8", "w4a8", "w4a8-4bit", "w4a8-3bit") and device != "cpu":
+    if quantized and (quantized in ("int4", "w8a8") or quantized.startswith("w4a8")) and device != "cpu":
         raise ModelError(f"{quantized} weights use CPU kernels: run them with --device cpu")
     if quantized == "w8a8":
         from verispec.models.kernels import w8a8_refusal

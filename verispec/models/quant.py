@@ -265,7 +265,7 @@ class W4A8Linear(nn.Module):
         return (f[..., 0] | (f[..., 1] << 2) | (f[..., 2] << 4) | (f[..., 3] << 6)).reshape(n // 16, k // 32, 128)
 
     def _load_from_state_dict(self, state: dict, prefix: str, *args: Any) -> None:
-        """A cached matrix may hold 6- or 8-bit codes where this module was built (on the meta device) for 4."""
+        """A cached matrix may hold 3-, 6- or 8-bit codes where this module was built (on the meta device) for 4."""
         saved = state.get(prefix + "weight")
         if saved is not None and saved.shape != self.weight.shape:
             kp = self._padded[0]
@@ -284,13 +284,16 @@ class W4A8Linear(nn.Module):
         bias = self.bias if self.bias is not None else torch.empty(0)
         return self.weight, self.codes, self.units, bias
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, *, split: bool = False) -> Tensor:
+        """x W^T + b in float32; split: each row sent as two int8 rows, its codes and their residual (the kernel's
+        w4a8_mm_split, for inputs with outlier dimensions: eagle.TwoRowInt8Linear)."""
         from verispec.models.kernels import w4a8
 
         flat = x.reshape(-1, self.in_features).float()
         kp, np_ = self._padded
         flat = torch.nn.functional.pad(flat, (0, kp - self.in_features)) if kp != self.in_features else flat.contiguous()
-        y = w4a8().w4a8_mm(flat, *self.operands())
+        kernel = w4a8()
+        y = (kernel.w4a8_mm_split if split else kernel.w4a8_mm)(flat, *self.operands())
         if np_ != self.out_features:
             y = y[:, : self.out_features]
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -370,7 +373,7 @@ def load_quantized_llama(path: Path, kind: str = "int8", dtype: torch.dtype = to
     from verispec.models.files import aligned_safetensors, read_safetensors
     from verispec.models.llama import LlamaConfig, LlamaModel
 
-    if kind in ("w8a8", "w4a8", "w4a8-4bit", "w4a8-3bit"):
+    if kind == "w8a8" or kind.startswith("w4a8"):
         dtype = torch.float32  # activations stay float32 between the integer matmuls
     cached = path / cache_file(kind)
     if cached.is_file():

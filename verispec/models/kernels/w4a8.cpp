@@ -399,22 +399,23 @@ torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor codes, tor
 // w4a8_mm with each row of x sent as two int8 rows, its per-row codes and the residual they leave (x - q * scale,
 // quantized per row in turn), the two outputs summed: ~15-bit activations for inputs whose outlier dimensions per-row
 // int8 alone cannot hold (the target's features beside small ones), at about one row's cost where the weights' reads
-// bound the matmul. The residual uses quantize_row's own float steps (x * (1 / scale), rounded to nearest even).
+// bound the matmul. The residual is taken from quantize_row's own codes, the ones w4a8_mm then computes with.
 torch::Tensor w4a8_mm_split(torch::Tensor x, torch::Tensor w, torch::Tensor codes, torch::Tensor units,
                             torch::Tensor bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
   const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K % 32 == 0, "K must be a multiple of 32");
   auto both = torch::empty({2 * M, K}, torch::kFloat32);
   const float* xp = x.data_ptr<float>();
   float* bp = both.data_ptr<float>();
+  std::vector<int8_t> q(K);
+  std::vector<int32_t> xsum2((K / 32 + 1) / 2);
   for (int64_t m = 0; m < M; ++m) {
     const float* row = xp + m * K;
-    float amax = 0.f;
-    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(row[k]));  // NaN: skipped, as quantize_row
-    const float scale = amax > 0.f ? amax / 127.f : 1.f, inv = 1.f / scale;
+    const float scale = quantize_row(row, K, q.data(), xsum2.data());
     std::copy(row, row + K, bp + m * K);
     float* res = bp + (M + m) * K;
-    for (int64_t k = 0; k < K; ++k) res[k] = row[k] - std::nearbyint(row[k] * inv) * scale;
+    for (int64_t k = 0; k < K; ++k) res[k] = row[k] - static_cast<float>(q[k]) * scale;
   }
   auto y = w4a8_mm(both, w, codes, units, torch::empty({0}, torch::kFloat32));  // the bias once, below
   const int64_t N = y.size(1);
