@@ -393,7 +393,7 @@ def test_token_table_fc_equals_fc_inside_and_past_its_table(wide_target, eagle, 
         fc.weight.copy_(torch.cat([0.2 * torch.randn(H, H, generator=gen), 0.05 * torch.randn(H, H, generator=gen)], 1))
         fc.bias.copy_(torch.randn(H, generator=gen))
     rows = wide_target.vocab_size // 2
-    split = TokenTableFc(fc, eagle, rows, bf16=bf16)
+    split = TokenTableFc(fc, eagle, torch.arange(rows), bf16=bf16)
     assert split.table.shape == (rows, H) and split.table.dtype == torch.bfloat16
     h = torch.randn(1, 4, H, generator=gen)
     for ids in ([1, 2, 3, 4], [rows, rows + 1, wide_target.vocab_size - 1, rows + 2], [0, rows, 5, rows + 3]):
@@ -699,3 +699,150 @@ def load_drafter_beside(tmp_path, target, seq: list[int]) -> torch.Tensor:
     h = drafter.fuse_features(target_features(target, seq))
     assert h.shape[-1] == target.cfg.hidden_size
     return drafter.train_forward(torch.tensor([seq[1:]]), h[None, :-1])
+
+
+# A "frequent" head: rows of the target's LM head at chosen ids, head_ids mapping each row to its id.
+
+
+def with_head(drafter: EagleDrafter, target, ids: torch.Tensor, tmp_path) -> EagleDrafter:
+    """`drafter` with a "frequent" head of the rows at `ids` (its own head rows there), through a drafter
+    directory (so head_ids' saving and loading run too)."""
+    from safetensors.torch import save_file
+
+    drafter.save(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(head_order="frequent", head_vocab=len(ids))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    state = {k: v.contiguous() for k, v in drafter.own_state().items()}
+    state.update({"lm_head.weight": drafter.lm_head.weight[ids].contiguous(), "head_ids": ids.clone()})
+    save_file(state, str(tmp_path / "model.safetensors"))
+    return load_drafter(tmp_path, target)
+
+
+def first_q(drafter: EagleDrafter, target, prompt: list[int], sampling: SamplingParams) -> torch.Tensor:
+    """The distribution q of the drafter's first draft after prefilling `prompt`, on the target's vocabulary."""
+    proposer = EagleProposer(drafter, 64, target.vocab_size)
+    feats = target_features(target, prompt)
+    proposer.reset([0], [prompt], hidden=[feats[:-1]])
+    (proposal,) = proposer.propose([0], [1], [sampling], [torch.Generator().manual_seed(0)])
+    assert proposal.q is not None and proposal.q.shape == (1, target.vocab_size)
+    assert float(proposal.q[0, int(proposal.tokens[0])]) > 0  # its draw is an id it gave mass to
+    return proposal.q[0]
+
+
+def test_a_permuted_head_drafts_what_the_head_in_id_order_drafts(wide_target, eagle, tmp_path):
+    """Every row of the head in a shuffled order, head_ids saying which id each is: the same proposals, greedy
+    chains and trees and sampled q, as the drafter whose row i is id i. A head_ids map left unused (row index taken
+    for the id) or applied twice fails every part of it."""
+    ids = torch.randperm(wide_target.vocab_size, generator=torch.Generator().manual_seed(3))
+    shuffled = with_head(eagle, wide_target, ids, tmp_path)
+    assert shuffled.head_ids is not None and torch.equal(shuffled.head_ids, ids)
+    for tree in (None, DynamicTree(2, 3)):
+        for prompt in PROMPTS:
+            runs = [generate(wide_target, prompt, GenerationParams(max_new_tokens=24, gamma=4),
+                             EagleProposer(d, 64, wide_target.vocab_size, tree=tree)) for d in (eagle, shuffled)]
+            assert runs[0].token_ids == runs[1].token_ids
+            assert runs[0].metrics.accepted == runs[1].metrics.accepted
+            assert runs[0].metrics.accepted_per_position == runs[1].metrics.accepted_per_position
+    sampling = SamplingParams(temperature=0.7, top_p=0.9)
+    for prompt in PROMPTS[::2]:
+        want = first_q(eagle, wide_target, prompt, sampling)
+        torch.testing.assert_close(first_q(shuffled, wide_target, prompt, sampling), want)
+
+
+def test_a_head_of_some_ids_proposes_only_those_and_keeps_greedy_identity(wide_target, eagle, tmp_path):
+    """A head of half the ids, taken from the whole range: its proposals (chains and trees) lie in that set and
+    reach ids past its row count, greedy output is plain decoding's, and its sampled q is the full head's
+    renormalized over the set (zero elsewhere)."""
+    V = wide_target.vocab_size
+    seqs = continuations(wide_target)
+    counts = torch.bincount(torch.tensor(seqs).flatten(), minlength=V)
+    ids = torch.argsort(-counts, stable=True)[: V // 2]
+    assert int(ids.max()) >= V // 2  # the set is not the first ids
+    half = with_head(eagle, wide_target, ids, tmp_path)
+    allowed = set(ids.tolist())
+    drafted: set[int] = set()
+    for tree in (None, DynamicTree(2, 3)):
+        accepted = 0
+        for prompt in PROMPTS:
+            proposer = EagleProposer(half, 64, V, tree=tree)
+            plain = generate(wide_target, prompt, GenerationParams(max_new_tokens=30)).token_ids
+            got = generate(wide_target, prompt, GenerationParams(max_new_tokens=30, gamma=4), proposer)
+            assert got.token_ids == plain, prompt
+            accepted += got.metrics.accepted
+            feats = target_features(wide_target, prompt)
+            proposer.reset([0], [prompt], hidden=[feats[:-1]])
+            (p,) = proposer.propose([0], [4], [SamplingParams()], [torch.Generator()])
+            drafted |= set(p.tokens.tolist())
+        assert accepted > 10, (tree, accepted)
+    assert drafted <= allowed and max(drafted) >= V // 2, sorted(drafted)
+    sampling = SamplingParams(temperature=0.7, top_p=0.9)
+    for prompt in PROMPTS[::2]:
+        full = first_q(eagle, wide_target, prompt, SamplingParams(temperature=0.7))
+        got = first_q(half, wide_target, prompt, SamplingParams(temperature=0.7))
+        assert float(got[[i for i in range(V) if i not in allowed]].sum()) == 0.0
+        torch.testing.assert_close(got[ids], full[ids] / full[ids].sum())
+        first_q(half, wide_target, prompt, sampling)  # top-p over the set: still a distribution on it
+
+
+@pytest.mark.slow  # 8 s
+def test_a_frequent_head_drafter_keeps_the_target_law(tiny_target, tmp_path):
+    """Sampled rounds with a head of half the ids (q zero on the rest) keep the target's law at T = 0.7, top-p 0.9."""
+    drafter = train_tiny(tiny_target, steps=150)
+    V = tiny_target.vocab_size
+    ids = torch.randperm(V, generator=torch.Generator().manual_seed(5))[: V // 2]
+    half = with_head(drafter, tiny_target, ids, tmp_path)
+    verdict = check(tiny_target, None, T07_P09, 3, 31_000_000, label="eagle, half head",
+                    make_proposer=lambda max_len, rows: EagleProposer(half, max_len, V, rows=rows))
+    assert verdict.alpha is not None and verdict.alpha > 0.05, verdict
+    assert verdict.passes, verdict
+
+
+def test_frequent_ids_are_the_shards_most_common_tokens(tmp_path):
+    from safetensors.torch import save_file
+
+    from verispec.train_drafter import frequent_ids
+
+    for n, tokens in enumerate(([[5, 5, 5, 2], [7, 2, 5, 9]], [[7, 7, 1, 1], [0, 0, 0, 0]])):
+        save_file({"tokens": torch.tensor(tokens, dtype=torch.int32), "features": torch.zeros(2, 4, 3)},
+                  str(tmp_path / f"{n}.safetensors"))
+    shards = sorted(tmp_path.glob("*.safetensors"))
+    # counts: 0 x4, 5 x4, 7 x3, 1 x2, 2 x2, 9 x1; ties by id, then ids never seen by id
+    assert frequent_ids(shards, 8, 12).tolist() == [0, 5, 7, 1, 2, 9, 3, 4]
+    assert frequent_ids(shards[:1], 3, 12).tolist() == [5, 2, 7]
+
+
+def test_train_drafter_with_a_frequent_head(pair, capsys, tmp_path):  # noqa: F811
+    """--head-order frequent: the head is the rows of the training shards' most common ids (the held-out shard not
+    counted), saved with them; generate drafts with it, greedy identical; a resume cannot change the order and
+    Medusa refuses it."""
+    from safetensors import safe_open
+
+    from verispec.train_drafter import frequent_ids
+
+    target, _ = pair
+    out = tmp_path / "drafter"
+    common = ["train-drafter", "--target", str(target), "--dtype", "float32", "--out", str(out),
+              "--tokens", "2048", "--seq-len", "32", "--batch", "2", "--head-vocab", "12"]
+    code, stdout, err = run_inline(capsys, *common, "--budget", "1s", "--head-order", "frequent")
+    assert code == 0, err
+    config = json.loads((out / "config.json").read_text())
+    assert config["head_order"] == "frequent" and config["head_vocab"] == 12
+    shards = sorted((out / "features").iterdir())
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        ids = f.get_tensor("head_ids")
+        assert f.get_tensor("lm_head.weight").shape[0] == 12
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    assert ids.tolist() == frequent_ids(shards[:-1], 12, vocab).tolist()
+    assert int(ids.max()) >= 12  # not the first ids
+    gen = ["generate", "def x ( a ) :", "--target", str(target), "--dtype", "float32", "--max-new-tokens", "20",
+           "--json"]
+    plain = run_inline(capsys, *gen, "--strategy", "ar")
+    spec = run_inline(capsys, *gen, "--strategy", "eagle", "--drafter", str(out), "--gamma", "3")
+    assert plain[0] == 0 and spec[0] == 0, spec[2]
+    assert json.loads(spec[1])["token_ids"] == json.loads(plain[1])["token_ids"]
+    code, _, err = run_inline(capsys, *common, "--budget", "2s", "--head-order", "first")
+    assert code == 2 and "'frequent' head" in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = run_inline(capsys, *common, "--kind", "medusa", "--out", str(tmp_path / "m"),
+                              "--head-order", "frequent")
+    assert code == 2 and "Medusa" in err and len(err.strip().splitlines()) == 1, err

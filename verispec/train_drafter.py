@@ -565,12 +565,26 @@ def _checkpoint(drafter: Drafter, opt: torch.optim.Optimizer, step: int, used: f
     tmp.replace(out / "train-state.pt")
 
 
-def target_head(target: LlamaModel, directory: Path | None, rows: int) -> Tensor:
-    """The target's LM head rows [rows, H] in float32: from its float weights, or from its model directory when the
-    loaded model runs quantized (the kernel's packed codes are not read back)."""
+def frequent_ids(shards: list[Path], rows: int, vocab_size: int) -> Tensor:
+    """The `rows` ids most frequent in the shards' tokens, most frequent first (ties, and ids never seen, by id): the
+    rows of a "frequent" EAGLE head (EagleConfig.head_order), the ids the drafter's own text uses."""
+    from safetensors import safe_open
+
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for shard in shards:
+        with safe_open(str(shard), framework="pt", device="cpu") as f:  # the tokens alone, not the features
+            counts += torch.bincount(f.get_tensor("tokens").flatten().long(), minlength=vocab_size)[:vocab_size]
+    return torch.argsort(-counts, stable=True)[:rows]
+
+
+def target_head(target: LlamaModel, directory: Path | None, rows: int, ids: Tensor | None = None) -> Tensor:
+    """The target's LM head rows [rows, H] in float32 (the first `rows`, or those of `ids`): from its float weights,
+    or from its model directory when the loaded model runs quantized (the kernel's packed codes are not read
+    back)."""
     head = target.lm_head
     if isinstance(head, torch.nn.Linear) and head.weight.device.type != "meta":
-        return head.weight[:rows].detach().float().clone()
+        w = head.weight.detach()
+        return (w[:rows] if ids is None else w[ids.to(w.device)]).float().clone()
     if directory is None:
         raise ValueError("the target's LM head is quantized and no model directory was given to read it from")
     from safetensors import safe_open
@@ -579,8 +593,17 @@ def target_head(target: LlamaModel, directory: Path | None, rows: int) -> Tensor
     for name in ("lm_head.weight", "model.embed_tokens.weight"):  # a tied head is the embedding table
         for file in files:
             with safe_open(str(file), framework="pt", device="cpu") as f:
-                if name in f.keys():
-                    return f.get_slice(name)[:rows].float()
+                if name not in f.keys():
+                    continue
+                table = f.get_slice(name)
+                if ids is None:
+                    return table[:rows].float()
+                out = torch.empty(len(ids), table.get_shape()[1])
+                for start in range(0, table.get_shape()[0], 16384):  # a slice at a time: never the whole table
+                    block = table[start : start + 16384]
+                    inside = (ids >= start) & (ids < start + block.shape[0])
+                    out[inside] = block[ids[inside] - start].float()
+                return out
     raise ValueError(f"no LM head in {directory}")
 
 

@@ -43,7 +43,11 @@ def add_parser(sub, default_target: str) -> None:
     p.add_argument("--intermediate", type=int, default=2048,
                    help="the drafter layer's MLP width; narrower trains more steps in the budget (default: %(default)s)")
     p.add_argument("--head-vocab", type=int, default=32000,
-                   help="the drafter proposes ids below this (its head is that many rows of the target's; default: %(default)s)")
+                   help="rows of the target's LM head the drafter proposes from (default: %(default)s)")
+    p.add_argument("--head-order", choices=["first", "frequent"], default=None,
+                   help="eagle: which rows: the first ids (below --head-vocab), or the ids most frequent in the "
+                        "training tokens, which cover as much code with half the rows (default: first; a resumed "
+                        "drafter keeps its own)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: %(default)s)")
     p.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
                    help="cosine: the learning rate decays from --lr to a twentieth of it over what is left of "
@@ -73,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from verispec.models.files import DRAFTER_CONFIG, cache_dir, drafter_config
     from verispec.train_drafter import (
         TrainSettings, answer_features, cache_features, chat_requests, chunks, code_requests, log_stderr,
-        stdlib_texts, suite_texts, target_head, train,
+        frequent_ids, stdlib_texts, suite_texts, target_head, train,
     )
 
     corpora = {"stdlib": stdlib_texts, "suite": suite_texts}
@@ -97,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         layers = tuple(int(k) for k in args.feature_layers.split(",") if k) if args.feature_layers else ()
     except ValueError:
         fail(f"--feature-layers takes a comma list of block counts, e.g. 3,14; got {args.feature_layers!r}")
+    if args.head_order not in (None, "first") and args.kind != "eagle":
+        fail("--head-order chooses an EAGLE drafter's head rows; Medusa heads propose the first --head-vocab ids")
     if layers and args.kind != "eagle":
         fail("--feature-layers chooses an EAGLE drafter's input features; Medusa heads read the last block's")
     if args.depth >= args.seq_len:
@@ -133,12 +139,15 @@ def run(args: argparse.Namespace) -> int:
                 config.check_layers(model.cfg.num_hidden_layers)
             else:
                 config = EagleConfig.for_target(model, target.name, intermediate_size=args.intermediate,
-                                                head_vocab=args.head_vocab, feature_layers=layers)
+                                                head_vocab=args.head_vocab, feature_layers=layers,
+                                                head_order=args.head_order or "first")
         except (TypeError, ValueError) as e:
             fail(f"{out}: {e}" if resume else f"--feature-layers: {e}")
         if resume and args.feature_layers is not None and layers != config.feature_layers:
             had = ",".join(map(str, config.feature_layers)) or "none (the last block alone)"
             fail(f"{out} reads feature layers {had}; --feature-layers {args.feature_layers} would need a new --out")
+        if resume and args.head_order is not None and args.head_order != config.head_order:
+            fail(f"{out} has a {config.head_order!r} head; --head-order {args.head_order} would need a new --out")
         model.feature_layers = config.feature_layers
     t0 = time.perf_counter()
 
@@ -167,8 +176,13 @@ def run(args: argparse.Namespace) -> int:
                 target_head(model, target.path, min(args.head_vocab, model.vocab_size)))
         else:
             assert config is not None
-            drafter = load_drafter(out, model, dtype=torch.float32) if resume else EagleDrafter.fresh(
-                config, model, target_head(model, target.path, min(args.head_vocab, model.vocab_size)))
+            if resume:
+                drafter = load_drafter(out, model, dtype=torch.float32)
+            else:  # a "frequent" head: the ids the training shards use most (the held-out last one not counted)
+                ids = (frequent_ids(shards[:-1] or shards, config.head_vocab, model.vocab_size)
+                       if config.head_order == "frequent" else None)
+                drafter = EagleDrafter.fresh(config, model, target_head(model, target.path, config.head_vocab, ids),
+                                             head_ids=ids)
         result = train(drafter, shards, out, settings, log_stderr, progress)
     except (ModelError, ValueError) as e:
         fail(str(e))

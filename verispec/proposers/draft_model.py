@@ -20,8 +20,12 @@ from verispec.proposers.base import Outcome, Proposal, ProposerStats, charge
 from verispec.sampling import SamplingParams, Shaper, argmax, logits_to_probs, sample
 
 
-def to_vocab(logits: Tensor, vocab_size: int) -> Tensor:
-    """A draft's logits [..., V_draft] on the target's vocabulary: extra rows cut, missing ids at -inf."""
+def to_vocab(logits: Tensor, vocab_size: int, ids: Tensor | None = None) -> Tensor:
+    """A draft's logits [..., V_draft] on the target's vocabulary: extra rows cut, missing ids at -inf. ids: the
+    target ids of a head's rows where they are not 0..V_draft-1 (an EAGLE head of the most frequent ids)."""
+    if ids is not None:
+        return torch.full((*logits.shape[:-1], vocab_size), float("-inf"), dtype=logits.dtype,
+                          device=logits.device).index_copy_(-1, ids, logits)
     if logits.shape[-1] > vocab_size:
         return logits[..., :vocab_size]
     if logits.shape[-1] < vocab_size:  # ids the draft lacks get probability 0
@@ -29,14 +33,22 @@ def to_vocab(logits: Tensor, vocab_size: int) -> Tensor:
     return logits
 
 
-def probs_on_vocab(logits: Tensor, sampling: SamplingParams, vocab_size: int) -> Tensor:
-    """logits_to_probs(to_vocab(logits)), computed over the draft's own ids and padded with zeros: the same q (the
+def spread(q: Tensor, vocab_size: int, ids: Tensor | None = None) -> Tensor:
+    """A distribution over a head's rows [..., V_draft] on the target's vocabulary: the ids it lacks at 0."""
+    if ids is not None:
+        return torch.zeros((*q.shape[:-1], vocab_size), dtype=q.dtype, device=q.device).index_copy_(-1, ids, q)
+    if q.shape[-1] < vocab_size:
+        return torch.nn.functional.pad(q, (0, vocab_size - q.shape[-1]))
+    return q[..., :vocab_size]
+
+
+def probs_on_vocab(logits: Tensor, sampling: SamplingParams, vocab_size: int, ids: Tensor | None = None) -> Tensor:
+    """logits_to_probs(to_vocab(logits)), computed over the draft's own ids and spread with zeros: the same q (the
     ids it lacks are -inf, probability 0, after any temperature, top-k or top-p), without softmaxing a 152k-id
     vector for a 32k-row head (a truncated-head drafter's sampled rounds cost ~3x its greedy ones that way)."""
-    if logits.shape[-1] >= vocab_size:
+    if ids is None and logits.shape[-1] >= vocab_size:
         return logits_to_probs(to_vocab(logits, vocab_size), sampling)
-    q = logits_to_probs(logits, sampling)
-    return torch.nn.functional.pad(q, (0, vocab_size - logits.shape[-1]))
+    return spread(logits_to_probs(logits, sampling), vocab_size, ids)
 
 
 SINKS = 4  # a windowed draft context keeps the prompt's first tokens: attention leans on them (StreamingLLM)
@@ -63,7 +75,8 @@ class Drafted:
 def draft_steps(model: Rows, rows: list[int], feeds: list[list[int]], gammas: list[int],
                 sampling: list[SamplingParams], generators: list[torch.Generator], stats: dict[int, ProposerStats],
                 *, vocab_size: int, confidence: float = 0.0, layers: int | None = None,
-                features: list[Tensor] | None = None, shapes: list[Shaper | None] | None = None) -> Drafted:
+                features: list[Tensor] | None = None, shapes: list[Shaper | None] | None = None,
+                head_ids: Tensor | None = None) -> Drafted:
     """Draft up to gammas[i] tokens for rows[i], whose next input is feeds[i] (its pending tokens).
 
     Each step runs every row still drafting in one forward and commits what it fed provisionally, so the next
@@ -72,7 +85,8 @@ def draft_steps(model: Rows, rows: list[int], feeds: list[list[int]], gammas: li
     output distribution is untouched). stats[row] receives forwards and a share of each step's seconds.
     features[i] [len(feeds[i]), F]: the feeds' input features, for a feature-level drafter (EAGLE), which then
     feeds each drafted token with its own last output as the feature. shapes[i]: row i's Shaper, applied to each
-    step's logits with the tokens drafted before it.
+    step's logits with the tokens drafted before it. head_ids: the target ids of the model's logit rows, where they
+    are not 0..V'-1 (`to_vocab`).
     """
     base = [model.length(r) for r in rows]
     tokens: list[list[int]] = [[] for _ in rows]
@@ -91,19 +105,21 @@ def draft_steps(model: Rows, rows: list[int], feeds: list[list[int]], gammas: li
                 model.commit(rows[i], len(feed[i]))  # provisional; rolled back below
                 if states is not None:
                     feat[i] = states[j][-1:]  # the drafter's predicted feature: the next step's input
-                last = logits[j][-1][:vocab_size]  # [V'], V' <= V: ids past V' have q = 0
+                last = logits[j][-1] if head_ids is not None else logits[j][-1][:vocab_size]  # ids past V': q = 0
+                ids = head_ids
                 if shapes is not None and shapes[i] is not None:
-                    last = shapes[i](to_vocab(last, vocab_size), tokens[i])
+                    last, ids = shapes[i](to_vocab(last, vocab_size, ids), tokens[i]), None
                     if not bool(torch.isfinite(last).any()):  # the constraint allows none of the draft's ids
                         continue  # the row's proposal ends here (the draft's truncated head lacks them)
                 if sampling[i].greedy:
-                    token = int(argmax(last))
-                    sure = confidence == 0.0 or float(torch.softmax(last.float(), -1)[token]) >= confidence
+                    k = int(argmax(last))
+                    sure = confidence == 0.0 or float(torch.softmax(last.float(), -1)[k]) >= confidence
                 else:
-                    q = probs_on_vocab(last, sampling[i], vocab_size)
-                    token = int(sample(q[: last.shape[-1]], generators[i]))  # the same draw, without the zeros
-                    qs[i].append(q)
-                    sure = float(q[token]) >= confidence
+                    p = logits_to_probs(last, sampling[i])  # over the draft's own rows, then spread (probs_on_vocab)
+                    k = int(sample(p, generators[i]))
+                    qs[i].append(spread(p, vocab_size, ids))
+                    sure = float(p[k]) >= confidence
+                token = k if ids is None else int(ids[k])
                 tokens[i].append(token)
                 feed[i] = [token]
                 if sure and len(tokens[i]) < gammas[i]:

@@ -101,7 +101,8 @@ class EagleProposer:
             drafted = draft_steps(self.cache, sub, [self.tokens[r] for r in sub], [gammas[i] for i in chains],
                                   [sampling[i] for i in chains], [generators[i] for i in chains], self._stats,
                                   vocab_size=self.vocab_size, features=[self.features[r].to(torch.float32) for r in sub],
-                                  shapes=None if shapes is None else [shapes[i] for i in chains])
+                                  shapes=None if shapes is None else [shapes[i] for i in chains],
+                                  head_ids=self.drafter.head_ids)
             for i, r, n, p in zip(chains, sub, drafted.fed, drafted.proposals):
                 self.fed[r] = min(n, len(self.tokens[r]))  # the pending pairs; the rest were drafting steps
                 out[i] = p
@@ -128,14 +129,16 @@ class EagleProposer:
 
         def children(r: int, j: int, node: int, logits: Tensor, feature: Tensor) -> None:
             g = grows[r]
+            ids = self.drafter.head_ids  # the target ids of the head's rows (None: 0..rows-1)
             if shapes is not None and shapes[j] is not None:
-                logits = shapes[j](to_vocab(logits, self.vocab_size), path_to(g.tokens, g.parents, node))
-            logp = torch.log_softmax(logits[: self.vocab_size].float(), -1)
+                logits = shapes[j](to_vocab(logits, self.vocab_size, ids), path_to(g.tokens, g.parents, node))
+                ids = None
+            logp = torch.log_softmax((logits if ids is not None else logits[: self.vocab_size]).float(), -1)
             top = torch.topk(logp, min(k, logp.shape[-1]))
             g.child_feature[node] = feature
             for lp, x in zip(top.values.tolist(), top.indices.tolist()):
                 if lp > float("-inf"):
-                    g.tokens.append(x)
+                    g.tokens.append(x if ids is None else int(ids[x]))
                     g.parents.append(node)
                     g.scores.append((g.scores[node] if node >= 0 else 0.0) + lp)
                     g.depths.append(g.depths[node] + 1 if node >= 0 else 1)
