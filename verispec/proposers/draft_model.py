@@ -20,26 +20,25 @@ from verispec.proposers.base import Outcome, Proposal, ProposerStats, charge
 from verispec.sampling import SamplingParams, Shaper, argmax, logits_to_probs, sample
 
 
+def _onto(x: Tensor, vocab_size: int, ids: Tensor | None, fill: float) -> Tensor:
+    """x [..., V_draft] over a head's rows on the target's vocabulary [..., V]: rows at their ids (0..V_draft-1, or
+    `ids`), extra rows cut, the ids the head lacks at `fill`."""
+    if ids is not None:
+        return torch.full((*x.shape[:-1], vocab_size), fill, dtype=x.dtype, device=x.device).index_copy_(-1, ids, x)
+    if x.shape[-1] < vocab_size:
+        return torch.nn.functional.pad(x, (0, vocab_size - x.shape[-1]), value=fill)
+    return x[..., :vocab_size]
+
+
 def to_vocab(logits: Tensor, vocab_size: int, ids: Tensor | None = None) -> Tensor:
     """A draft's logits [..., V_draft] on the target's vocabulary: extra rows cut, missing ids at -inf. ids: the
     target ids of a head's rows where they are not 0..V_draft-1 (an EAGLE head of the most frequent ids)."""
-    if ids is not None:
-        return torch.full((*logits.shape[:-1], vocab_size), float("-inf"), dtype=logits.dtype,
-                          device=logits.device).index_copy_(-1, ids, logits)
-    if logits.shape[-1] > vocab_size:
-        return logits[..., :vocab_size]
-    if logits.shape[-1] < vocab_size:  # ids the draft lacks get probability 0
-        return torch.nn.functional.pad(logits, (0, vocab_size - logits.shape[-1]), value=float("-inf"))
-    return logits
+    return _onto(logits, vocab_size, ids, float("-inf"))
 
 
 def spread(q: Tensor, vocab_size: int, ids: Tensor | None = None) -> Tensor:
     """A distribution over a head's rows [..., V_draft] on the target's vocabulary: the ids it lacks at 0."""
-    if ids is not None:
-        return torch.zeros((*q.shape[:-1], vocab_size), dtype=q.dtype, device=q.device).index_copy_(-1, ids, q)
-    if q.shape[-1] < vocab_size:
-        return torch.nn.functional.pad(q, (0, vocab_size - q.shape[-1]))
-    return q[..., :vocab_size]
+    return _onto(q, vocab_size, ids, 0.0)
 
 
 def probs_on_vocab(logits: Tensor, sampling: SamplingParams, vocab_size: int, ids: Tensor | None = None) -> Tensor:
