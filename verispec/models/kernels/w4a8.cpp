@@ -253,9 +253,11 @@ inline float quantize_row(const float* x, int64_t K, int8_t* q, int32_t* xsum2) 
   return scale;
 }
 
-// unrolled, a 6-bit group's 4 steps run faster on one row (measured); more rows' sums then leave the registers
+// unrolled, a 6-bit group's 4 steps run faster on one or two rows (measured), and a 4-bit group's on one row (0.84-0.90x
+// the time from an Intel Xeon's L3, AVX2 and AVX-VNNI builds: benchmarks/results/2026-12-04-xeon-unroll-one-row); more
+// rows' sums then leave the registers (4-bit, two rows unrolled: 1.12x the time)
 template <int R, int BITS>
-constexpr bool kUnroll = BITS == 6 && R <= 2;
+constexpr bool kUnroll = (BITS == 6 && R <= 2) || (BITS == 4 && R == 1);
 
 // The same integer epilogue as the AVX-512 build's: a group's step code a goes into the widening vpmaddwd as an int16
 // pair (a, a) (vpmulld where VNNI sums in int32), the unit's offsets by int16 pairs. With the AVX2 build a 5-token
