@@ -15,6 +15,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -41,6 +42,27 @@ def build_version(src: str, isa: str, tag: str, replaces: str = "w4a8.cpp") -> M
                               build_directory=str(build))
 
 
+def weight_copies(n: int, k: int, bits: int) -> list[W4A8Linear]:
+    """Random n x k matrices packed at `bits`, in enough copies to pass 64 MB (at least 8), for timing them cycled:
+    one small matrix would stay in the caches and time the kernel's arithmetic, not its reads."""
+    copies = max(8, -(-64_000_000 // (n * k * bits // 8)))
+    return [W4A8Linear(torch.nn.Linear(k, n, bias=False), bits=bits) for _ in range(copies)]
+
+
+def median_ms(call: Callable[[str, W4A8Linear], object], tags: list[str], mats: list[W4A8Linear],
+              reps: int = 15) -> dict[str, float]:
+    """Each tag's median ms a matrix of `call(tag, matrix)` over `mats`, the tags interleaved and their order reversed
+    every other repetition, so all see the same machine load."""
+    times: dict[str, list[float]] = {tag: [] for tag in tags}
+    for rep in range(reps):
+        for tag in tags if rep % 2 else tags[::-1]:
+            t0 = time.perf_counter()
+            for q in mats:
+                call(tag, q)
+            times[tag].append((time.perf_counter() - t0) / len(mats) * 1e3)
+    return {tag: statistics.median(times[tag]) for tag in tags}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("sources", nargs="+", metavar="SOURCE", help="kernel sources, the first the baseline (at least 2)")
@@ -61,8 +83,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
         for bits in (int(b) for b in args.bits.split(",")):
-            copies = max(8, -(-64_000_000 // (n * k * bits // 8)))
-            mats = [W4A8Linear(torch.nn.Linear(k, n, bias=False), bits=bits) for _ in range(copies)]
+            mats = weight_copies(n, k, bits)
             for rows in (int(r) for r in args.rows.split(",")):
                 x = torch.randn(rows, k)
 
@@ -77,14 +98,7 @@ def main() -> None:
                         assert err < 1e-5, f"version {tag} differs from a by {err:.2e} of its largest output"
                     else:
                         assert torch.equal(first, other), f"version {tag} is not bit-identical to a"
-                times: dict[str, list[float]] = {tag: [] for tag in tags}
-                for rep in range(15):
-                    for tag in tags if rep % 2 else tags[::-1]:
-                        t0 = time.perf_counter()
-                        for q in mats:
-                            call(tag, q)
-                        times[tag].append((time.perf_counter() - t0) / len(mats) * 1e3)
-                ms = {tag: statistics.median(times[tag]) for tag in tags}
+                ms = median_ms(call, tags, mats)
                 nbytes = sum(t.numel() * t.element_size() for t in mats[0].operands()[:3])
                 cells = ", ".join(f"{tag} {ms[tag]:.3f} ms" for tag in tags)
                 ratios = ", ".join(f"{tag}/a {ms[tag] / ms['a']:.2f}" for tag in tags[1:])
