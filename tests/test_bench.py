@@ -161,6 +161,43 @@ def test_theory_with_measured_verification_cost():
     assert t["optimal_gamma_verify_cost"] < t["optimal_gamma"]  # a costlier wide forward calls for shorter drafts
 
 
+def test_verification_curve_takes_the_sizes_in_turn():
+    """The curve's sizes are timed round-robin after one warm-up each, so a drift in the machine's speed during
+    the measurement reaches every size alike; no forward moves the cache off the context it was filled to."""
+    import torch
+
+    from verispec.bench.costs import verification_curve
+
+    class Cache:
+        def __init__(self) -> None:
+            self.length = 0
+
+        def commit(self, n: int) -> None:
+            self.length += n
+
+    class Model:
+        vocab_size, device = 50, torch.device("cpu")
+
+        def __init__(self) -> None:
+            self.calls: list[tuple[int, int]] = []  # (tokens, cache length) of each forward
+            self.cache = Cache()
+
+        def new_cache(self, capacity: int) -> Cache:
+            assert capacity >= 10 + 4 + 1
+            return self.cache
+
+        def forward(self, x: torch.Tensor, cache: Cache, last_n: int | None = None) -> torch.Tensor:
+            self.calls.append((x.shape[1], cache.length))
+            return torch.zeros(1, x.shape[1] if last_n is None else last_n, self.vocab_size)
+
+    model = Model()
+    curve = verification_curve(model, context=10, sizes=(1, 2, 4), reps=3)
+    sizes = [k for k, _ in model.calls]
+    assert sizes == [10] + [1, 2, 4] + [1, 2, 4] * 3  # the prefill, one warm-up each, then the sizes in turn
+    assert all(length == 10 for _, length in model.calls[1:])
+    assert [row["tokens"] for row in curve] == [1, 2, 4] and curve[0]["relative_to_1"] == 1.0
+
+
 def test_report_schema(tmp_path: Path):
     runs = [_run(AR, "a", 10.0, [1, 2]), _run(D2, "a", 5.0, [1, 2], drafted=2, accepted=1, rounds=1, c=0.2)]
     paths = write_report(tmp_path, runs, [AR, D2], {"started": "now"})
