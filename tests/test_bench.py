@@ -198,6 +198,43 @@ def test_verification_curve_takes_the_sizes_in_turn():
     assert [row["tokens"] for row in curve] == [1, 2, 4] and curve[0]["relative_to_1"] == 1.0
 
 
+def test_bandwidth_limit_pairs_each_step_with_a_read(tiny_target, monkeypatch):
+    """With a step to time, the step and the buffer's read take turns and the ratio is the median of each pair's:
+    steps at 2x, 2x and 3x their pairs' limits read 2.0, where the medians' ratio would read 3.0 and the best read
+    6.0."""
+    from verispec.bench import costs
+    from verispec.models.base import weight_bytes_per_token
+
+    calls: list[str] = []
+    step = costs.decoding_step(tiny_target, context=8)
+    nbytes = weight_bytes_per_token(tiny_target)
+
+    def counted() -> None:
+        calls.append("step")
+        step()
+
+    out = costs.bandwidth_limit(tiny_target, step=counted, reps=3, size_mb=1)
+    assert calls == ["step"] * 3
+    assert set(out) >= {"read_bandwidth_gb_s", "limit_ms_per_token", "measured_step_ms", "step_over_limit"}
+    assert out["step_over_limit"] > 0 and out["weight_bytes"] == nbytes
+
+    # the pairing itself: the memory's speed moves between pairs (reads of 1, 4 and 2 ms)
+    buf = 2**20  # size_mb=1
+    reads = iter([1e-3, 4e-3, 2e-3])
+    steps = iter([times * nbytes * r / buf for times, r in ((2, 1e-3), (2, 4e-3), (3, 2e-3))])
+    order: list[str] = []
+
+    def fake_timed(fn, device) -> float:
+        is_step = fn is counted
+        order.append("step" if is_step else "read")
+        return next(steps) if is_step else next(reads)
+
+    monkeypatch.setattr(costs, "_timed", fake_timed)
+    out = costs.bandwidth_limit(tiny_target, step=counted, reps=3, size_mb=1)
+    assert order == ["step", "read"] * 3
+    assert out["step_over_limit"] == 2.0
+
+
 def test_report_schema(tmp_path: Path):
     runs = [_run(AR, "a", 10.0, [1, 2]), _run(D2, "a", 5.0, [1, 2], drafted=2, accepted=1, rounds=1, c=0.2)]
     paths = write_report(tmp_path, runs, [AR, D2], {"started": "now"})

@@ -148,13 +148,13 @@ def _machine() -> dict[str, Any]:
 
 
 def measure_costs(model, progress: bool, context: int = 512, reps: int = 5) -> dict[str, Any]:
-    from verispec.bench.costs import bandwidth_limit, verification_curve
+    from verispec.bench.costs import bandwidth_limit, decoding_step, verification_curve
 
     if progress:
         print("measuring the verification-cost curve and the bandwidth limit...", file=sys.stderr)
     curve = verification_curve(model, context=context, reps=reps)
     return {"context": context, "reps": reps, "verification_curve": curve,
-            "bandwidth": bandwidth_limit(model, step_ms=curve[0]["ms"])}
+            "bandwidth": bandwidth_limit(model, step=decoding_step(model, context=context), reps=reps)}
 
 
 def _references(target, prompts: list[list[int]], max_new_tokens: int, progress: bool) -> dict[tuple[int, ...], list[int]]:
