@@ -80,11 +80,17 @@ def verification_curve(model, *, context: int = 512, sizes: Sequence[int] = (1, 
     return out
 
 
+def _buffer(size_mb: int, device: torch.device) -> torch.Tensor:
+    """A float32 buffer of size_mb MiB whose pages are touched, to time reads of."""
+    x = torch.ones(size_mb * 2**20 // 4, dtype=torch.float32, device=device)
+    x.sum()
+    return x
+
+
 def read_bandwidth(size_mb: int = 512, reps: int = 5, device: torch.device | str = "cpu") -> float:
     """Bytes per second of reading a large buffer once (a sum over it), the best of `reps`."""
     device = torch.device(device)
-    x = torch.ones(size_mb * 2**20 // 4, dtype=torch.float32, device=device)
-    x.sum()  # touch the pages
+    x = _buffer(size_mb, device)
     best = min(_timed(x.sum, device) for _ in range(reps))
     return x.numel() * x.element_size() / best
 
@@ -105,8 +111,7 @@ def bandwidth_limit(model, step_ms: float | None = None, *, step: Callable[[], N
         bw = read_bandwidth(size_mb=size_mb, reps=reps, device=device)
         ratio = None if step_ms is None else step_ms / (1000 * nbytes / bw)
     else:
-        x = torch.ones(size_mb * 2**20 // 4, dtype=torch.float32, device=device)
-        x.sum()  # touch the pages
+        x = _buffer(size_mb, device)
         steps, reads = [], []
         for _ in range(reps):
             steps.append(_timed(step, device))
@@ -117,8 +122,7 @@ def bandwidth_limit(model, step_ms: float | None = None, *, step: Callable[[], N
     limit_ms = 1000 * nbytes / bw
     out = {"weight_bytes": nbytes, "read_bandwidth_gb_s": round(bw / 1e9, 2), "limit_ms_per_token": round(limit_ms, 2),
            "limit_tokens_per_s": round(1000 / limit_ms, 2)}
-    if step_ms is not None and ratio is not None:
+    if ratio is not None:  # a step was given or timed
         out["measured_step_ms"] = round(step_ms, 2)
         out["step_over_limit"] = round(ratio, 2)
     return out
-
