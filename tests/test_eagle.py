@@ -17,7 +17,7 @@ from verispec.models.eagle import EagleConfig, EagleDrafter, load_drafter
 from verispec.proposers.eagle import DynamicTree, EagleProposer
 from verispec.proposers.mix import DraftNgramProposer
 from verispec.sampling import SamplingParams, logits_to_probs
-from verispec.train_drafter import MIN_LR, TrainSettings, learning_rate, losses, step_agreements
+from verispec.train_drafter import MIN_LR, TrainSettings, learning_rate, losses, step_agreements, target_block
 
 
 def target_features(target, tokens: list[int]) -> torch.Tensor:
@@ -57,7 +57,7 @@ def fit(drafter, target, loss, steps: int):
 def train_tiny(target, steps: int = 600, seed: int = 0) -> EagleDrafter:
     """A drafter fitted to the target's own greedy continuations (a few seconds on a tiny model)."""
     cfg = EagleConfig.for_target(target, "tiny", head_vocab=target.vocab_size)
-    drafter = EagleDrafter.fresh(cfg, target, target.lm_head.weight, seed=seed)
+    drafter = EagleDrafter.fresh(cfg, target, target.lm_head.weight, seed=seed, block=target_block(target, None))
     seqs = continuations(target, seed)
     tokens = torch.tensor(seqs)
     feats = torch.stack([target_features(target, s) for s in seqs])
@@ -76,7 +76,7 @@ PROMPTS = [[12, 15, 21, 0, 21, 15], [7], [3, 27, 3, 7, 2, 31, 1, 30, 29]]
 
 def test_training_raises_agreement(wide_target, eagle):
     cfg = EagleConfig.for_target(wide_target, "tiny", head_vocab=wide_target.vocab_size)
-    fresh = EagleDrafter.fresh(cfg, wide_target, wide_target.lm_head.weight)
+    fresh = EagleDrafter.fresh(cfg, wide_target, wide_target.lm_head.weight, block=target_block(wide_target, None))
     seqs = continuations(wide_target)[:6]  # training text: the loop fits what it is given
     tokens, feats = torch.tensor(seqs), torch.stack([target_features(wide_target, s) for s in seqs])
     with torch.no_grad():
@@ -96,7 +96,8 @@ def test_training_time_test_fits_the_later_draft_steps(wide_target):
     tokens, feats = torch.tensor(seqs), torch.stack([target_features(wide_target, s) for s in seqs])
     by_depth = {}
     for depth in (1, 3):
-        drafter = fit(EagleDrafter.fresh(cfg, wide_target, wide_target.lm_head.weight), wide_target,
+        drafter = fit(EagleDrafter.fresh(cfg, wide_target, wide_target.lm_head.weight,
+                                         block=target_block(wide_target, None)), wide_target,
                       lambda d, head: losses(d, head, tokens, feats, 0.1, depth)[0], 300)
         by_depth[depth] = step_agreements(drafter, tokens, feats, 3)
     assert by_depth[3][1] > by_depth[1][1] + 0.05 and by_depth[3][2] > by_depth[1][2] + 0.05, by_depth
@@ -442,6 +443,69 @@ def test_train_drafter_command_trains_resumes_and_drafts(pair, capsys, tmp_path)
     assert code == 2 and "'eagle+ngram' needs --drafter" in err
     code, _, err = run_inline(capsys, *common, "--budget", "soon")
     assert code == 2 and "not a duration" in err
+    block_out = tmp_path / "from-block"  # its layer from the target's last block, the MLP cut to 48 of 64 channels
+    code, stdout, err = run_inline(capsys, *common[:6], str(block_out), *common[7:], "--budget", "1s",
+                                   "--features", str(out / "features"), "--init", "last-block", "--intermediate", "48")
+    assert code == 0 and "trained" in stdout, err
+    spec = run_inline(capsys, "generate", "def x ( a ) :", "--target", str(target), "--dtype", "float32",
+                      "--strategy", "eagle", "--drafter", str(block_out), "--gamma", "3", "--max-new-tokens", "20",
+                      "--json")
+    assert spec[0] == 0 and json.loads(spec[1])["token_ids"] == json.loads(plain[1])["token_ids"], spec[2]
+    code, _, err = run_inline(capsys, *common, "--init", "last-block", "--intermediate", "100", "--out",
+                              str(tmp_path / "too-wide"), "--features", str(out / "features"))
+    assert code == 2 and "wider than the target block" in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = run_inline(capsys, *common, "--kind", "medusa", "--init", "last-block")
+    assert code == 2 and "Medusa" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_drafter_from_the_last_block_keeps_its_attention_and_the_channels_that_reach_most(wide_target):
+    """`block`: the drafter's layer starts as the target's last block; at the target's width every weight is the
+    block's, and narrower its attention and norms are the block's and its MLP is the block's channels of largest
+    |gate| |up| |down|, in order (channels made to reach furthest are the ones kept; dropping the ranking, or
+    taking gate and up rows of different channels, fails it). Without `block` it starts as an identity."""
+    block = target_block(wide_target, None)
+    width = wide_target.cfg.intermediate_size
+    full = EagleDrafter.fresh(EagleConfig.for_target(wide_target, "t", head_vocab=32), wide_target,
+                              wide_target.lm_head.weight[:32], block=block)
+    for name, p in full.layers[0].named_parameters():
+        assert torch.equal(p, block[name].float()), name
+    loud = {k: v.clone() for k, v in block.items()}  # channels 5, 2, 9 made to reach furthest, in that rank order
+    for j, scale in ((5, 30.0), (2, 20.0), (9, 10.0)):
+        loud["w2.weight"][:, j] *= scale
+    narrow = EagleDrafter.fresh(EagleConfig.for_target(wide_target, "t", head_vocab=32, intermediate_size=3),
+                                wide_target, wide_target.lm_head.weight[:32], block=loud)
+    layer = narrow.layers[0]
+    keep = torch.tensor([2, 5, 9])
+    assert torch.equal(layer.w2.weight, loud["w2.weight"][:, keep])
+    assert torch.equal(layer.w13.weight, torch.cat([loud["w13.weight"][keep], loud["w13.weight"][width + keep]]))
+    for name in ("wqkv.weight", "wo.weight", "attn_norm.weight", "ffn_norm.weight"):
+        assert torch.equal(dict(layer.named_parameters())[name], loud[name].float()), name
+    wide = EagleConfig.for_target(wide_target, "t", head_vocab=32, intermediate_size=width + 16)
+    with pytest.raises(ValueError, match="wider than the target block"):
+        EagleDrafter.fresh(wide, wide_target, wide_target.lm_head.weight[:32], block=block)
+    plain = EagleDrafter.fresh(EagleConfig.for_target(wide_target, "t", head_vocab=32), wide_target,
+                               wide_target.lm_head.weight[:32])
+    assert not plain.layers[0].wo.weight.any() and not plain.layers[0].w2.weight.any()
+
+
+def test_target_block_reads_a_quantized_targets_last_block_from_its_directory(pair):  # noqa: F811
+    """A target that runs quantized has no float weights to copy: its last block is read from the model directory
+    (HF names, fused as the loader fuses them), the same tensors a float load of that directory holds."""
+    import copy
+
+    from verispec.models.llama import LlamaModel
+    from verispec.models.quant import quantize
+
+    target, _ = pair
+    model = LlamaModel.from_hf_dir(target, dtype=torch.float32)
+    want = target_block(model, None)
+    quantized = quantize(copy.deepcopy(model), "int8")
+    with pytest.raises(ValueError, match="no model directory"):
+        target_block(quantized, None)
+    got = target_block(quantized, target)
+    assert want.keys() == got.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
 
 
 def test_learning_rate_warms_up_then_decays_over_the_budget():
@@ -597,7 +661,7 @@ def target3(wide_target):
 
 def train_tiny3(target, steps: int = 600, seed: int = 0) -> EagleDrafter:
     cfg = EagleConfig.for_target(target, "tiny", head_vocab=target.vocab_size, feature_layers=(1,))
-    drafter = EagleDrafter.fresh(cfg, target, target.lm_head.weight, seed=seed)
+    drafter = EagleDrafter.fresh(cfg, target, target.lm_head.weight, seed=seed, block=target_block(target, None))
     seqs = continuations(target, seed)
     tokens, feats = torch.tensor(seqs), torch.stack([target_features(target, s) for s in seqs])
     return fit(drafter, target, lambda d, head: losses(d, head, tokens, feats, 0.1)[0], steps)
@@ -613,8 +677,8 @@ def test_a_feature_layer_drafter_starts_as_the_last_feature_alone(wide_target, t
     features twice as wide (the output after block 1, then the last block's)."""
     cfg1 = EagleConfig.for_target(wide_target, "tiny", head_vocab=wide_target.vocab_size)
     cfg3 = EagleConfig.for_target(target3, "tiny", head_vocab=target3.vocab_size, feature_layers=(1,))
-    d1 = EagleDrafter.fresh(cfg1, wide_target, wide_target.lm_head.weight)
-    d3 = EagleDrafter.fresh(cfg3, target3, target3.lm_head.weight)
+    d1 = EagleDrafter.fresh(cfg1, wide_target, wide_target.lm_head.weight, block=target_block(wide_target, None))
+    d3 = EagleDrafter.fresh(cfg3, target3, target3.lm_head.weight, block=target_block(target3, None))
     seq = continuations(wide_target, seed=5, n=1)[0][:16]
     f1, f3 = target_features(wide_target, seq), target_features(target3, seq)
     h = wide_target.cfg.hidden_size

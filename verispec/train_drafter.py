@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from verispec.models.eagle import EagleDrafter
-from verispec.models.llama import LlamaModel, last_block
+from verispec.models.llama import LlamaModel, hf_block_to_native, last_block
 from verispec.models.medusa import MedusaHeads
 
 Log = Callable[[str], None]
@@ -605,6 +605,28 @@ def target_head(target: LlamaModel, directory: Path | None, rows: int, ids: Tens
                     out[inside] = block[ids[inside] - start].float()
                 return out
     raise ValueError(f"no LM head in {directory}")
+
+
+def target_block(target: LlamaModel, directory: Path | None) -> dict[str, Tensor]:
+    """The target's last block's weights in float32 by their names in a block (wqkv.weight, w13.weight, ...), for an
+    EAGLE drafter's layer to start from: its own float weights, or from its model directory when it runs quantized."""
+    last = target.layers[-1]
+    if isinstance(last.wqkv, torch.nn.Linear) and last.wqkv.weight.device.type != "meta":
+        return {name: p.detach().float().clone() for name, p in last.named_parameters()}
+    if directory is None:
+        raise ValueError("the target's blocks are quantized and no model directory was given to read them from")
+    from safetensors import safe_open
+
+    files = [f for f in sorted(directory.glob("*.safetensors")) if not f.name.startswith("verispec-")]
+    handles = [safe_open(str(f), framework="pt", device="cpu") for f in files]
+
+    def get(name: str) -> Tensor:
+        for f in handles:
+            if name in f.keys():
+                return f.get_tensor(name).float()
+        raise ValueError(f"no {name} in {directory}")
+
+    return hf_block_to_native(get, target.cfg, target.cfg.num_hidden_layers - 1)
 
 
 def log_stderr(msg: str) -> None:

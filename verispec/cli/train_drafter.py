@@ -55,6 +55,10 @@ def add_parser(sub, default_target: str) -> None:
                         "(default: %(default)s)")
     p.add_argument("--batch", type=int, default=4, help="sequences a step (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=256, help="tokens a sequence (default: %(default)s)")
+    p.add_argument("--init", choices=["last-block", "random"], default="random",
+                   help="eagle: where the drafter's layer starts: the target's last block (its attention whole, the "
+                        "--intermediate MLP channels that reach its output most), or small random weights "
+                        "(default: %(default)s)")
     p.add_argument("--depth", type=int, default=1,
                    help="eagle: draft steps trained from each position, step n reading the drafter's own step n-1 "
                         "(EAGLE-3's training-time test; 1: teacher forcing; each step costs about one more "
@@ -77,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from verispec.models.files import DRAFTER_CONFIG, cache_dir, drafter_config
     from verispec.train_drafter import (
         TrainSettings, answer_features, cache_features, chat_requests, chunks, code_requests, log_stderr,
-        frequent_ids, stdlib_texts, suite_texts, target_head, train,
+        frequent_ids, stdlib_texts, suite_texts, target_block, target_head, train,
     )
 
     corpora = {"stdlib": stdlib_texts, "suite": suite_texts}
@@ -103,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         fail(f"--feature-layers takes a comma list of block counts, e.g. 3,14; got {args.feature_layers!r}")
     if args.head_order not in (None, "first") and args.kind != "eagle":
         fail("--head-order chooses an EAGLE drafter's head rows; Medusa heads propose the first --head-vocab ids")
+    if args.init != "random" and args.kind != "eagle":
+        fail("--init chooses where an EAGLE drafter's layer starts; Medusa heads have no decoder layer")
     if layers and args.kind != "eagle":
         fail("--feature-layers chooses an EAGLE drafter's input features; Medusa heads read the last block's")
     if args.depth >= args.seq_len:
@@ -125,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out).expanduser() if args.out else cache_dir() / "drafters" / f"{target.name}-{args.kind}"
     features = Path(args.features).expanduser() if args.features else out / "features"
     resume = (out / DRAFTER_CONFIG).is_file() and (out / "train-state.pt").is_file()
+    if not resume and args.init == "last-block" and args.intermediate > model.cfg.intermediate_size:
+        fail(f"--init last-block cuts the target's last block down to --intermediate channels; the drafter's MLP "
+             f"({args.intermediate} channels) is wider than the target block's ({model.cfg.intermediate_size})")
     saved: dict = {}
     if (out / DRAFTER_CONFIG).is_file():  # never train over a drafter of another kind (known before the features)
         try:
@@ -181,8 +190,9 @@ def run(args: argparse.Namespace) -> int:
             else:  # a "frequent" head: the ids the training shards use most (the held-out last one not counted)
                 ids = (frequent_ids(shards[:-1] or shards, config.head_vocab, model.vocab_size)
                        if config.head_order == "frequent" else None)
+                block = target_block(model, target.path) if args.init == "last-block" else None
                 drafter = EagleDrafter.fresh(config, model, target_head(model, target.path, config.head_vocab, ids),
-                                             head_ids=ids)
+                                             head_ids=ids, block=block)
         result = train(drafter, shards, out, settings, log_stderr, progress)
     except (ModelError, ValueError) as e:
         fail(str(e))

@@ -26,7 +26,7 @@ model.safetensors (fc, the layer, the head rows, and a "frequent" head's ids).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -93,6 +93,25 @@ class EagleConfig:
         return cfg
 
 
+def narrowed_mlp(block: Mapping[str, Tensor], width: int) -> dict[str, Tensor]:
+    """A block's weights with its MLP cut to `width` channels: those of largest |gate row| |up row| |down column|
+    (a channel's reach on the output, as a whole block's weights see it), kept in their order. Why: a drafter
+    narrower than the target can still start from the target's own last block rather than from noise."""
+    out = dict(block)
+    w13, w2 = block["w13.weight"], block["w2.weight"]
+    full = w2.shape[1]
+    if width == full:
+        return out
+    if width > full:
+        raise ValueError(f"the drafter's MLP ({width} channels) is wider than the target block's ({full})")
+    gate, up = w13[:full].float(), w13[full:].float()
+    score = gate.norm(dim=1) * up.norm(dim=1) * w2.float().norm(dim=0)
+    keep = torch.topk(score, width).indices.sort().values
+    out["w13.weight"] = torch.cat([w13[:full][keep], w13[full:][keep]])
+    out["w2.weight"] = w2[:, keep]
+    return out
+
+
 class EagleDrafter(LlamaModel):
     """One decoder layer over [token embedding, target feature] (see the module docstring)."""
 
@@ -118,11 +137,12 @@ class EagleDrafter(LlamaModel):
 
     @classmethod
     def fresh(cls, cfg: EagleConfig, target: LlamaModel, head: Tensor, *, seed: int = 0,
-              head_ids: Tensor | None = None) -> "EagleDrafter":
-        """A drafter to train, on the target's device: fc passes the feature through (x = h_t), the layer starts as
-        the target's last block where the sizes match (else small random weights, its output projections zero, so
-        it starts as that identity), the head is `head` [head_vocab, H] (the target's LM head rows, float), the
-        rows of ids `head_ids` for a "frequent" head."""
+              head_ids: Tensor | None = None, block: Mapping[str, Tensor] | None = None) -> "EagleDrafter":
+        """A drafter to train, on the target's device: fc passes the feature through (x = h_t), the head is `head`
+        [head_vocab, H] (the target's LM head rows, float), the rows of ids `head_ids` for a "frequent" head. The
+        layer starts as `block`, the target's last block's float weights by their names in a block (`target_block`):
+        its attention whole and the `intermediate_size` MLP channels of largest |gate| |up| |down| where the drafter's
+        MLP is narrower; without it, as small random weights with its output projections zero (an identity)."""
         if (head_ids is not None) != (cfg.head_order == "frequent"):
             need = "takes no" if head_ids is not None else "needs its"
             raise ValueError(f"a {cfg.head_order!r} head {need} head ids")
@@ -136,11 +156,14 @@ class EagleDrafter(LlamaModel):
             state["head_ids"] = head_ids.long().clone()
         if drafter.fuse is not None:  # starts as the last block's output alone (EAGLE-1's feature)
             state["fuse.weight"] = torch.cat([torch.zeros(h, len(cfg.feature_layers) * h), torch.eye(h)], dim=1)
-        last = target.layers[-1]
-        copy = cfg.intermediate_size == target.cfg.intermediate_size and isinstance(last.wqkv, nn.Linear)
+        if block is not None:
+            block = narrowed_mlp(block, cfg.intermediate_size)
         for name, p in drafter.layers[0].named_parameters():
-            if copy:
-                state[f"layers.0.{name}"] = dict(last.named_parameters())[name].detach().float().clone()
+            if block is not None:
+                if block[name].shape != p.shape:
+                    raise ValueError(f"the target's block has {name} of shape {tuple(block[name].shape)}, the "
+                                     f"drafter's is {tuple(p.shape)}")
+                state[f"layers.0.{name}"] = block[name].detach().float().clone()
             elif name.endswith("norm.weight"):
                 state[f"layers.0.{name}"] = torch.ones(p.shape)
             elif name in ("wo.weight", "w2.weight"):

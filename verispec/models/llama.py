@@ -760,23 +760,29 @@ def _hf_to_native(hf: dict[str, Tensor], cfg: LlamaConfig) -> dict[str, Tensor]:
     elif not cfg.tie_word_embeddings:
         out["lm_head.weight"] = hf["model.embed_tokens.weight"]
     for i in range(cfg.num_hidden_layers):
-        pre = f"model.layers.{i}."
-        att, mlp = pre + "self_attn.", pre + "mlp."
-        out[f"layers.{i}.wqkv.weight"] = torch.cat([hf[att + f"{n}_proj.weight"] for n in "qkv"])
-        if cfg.attention_bias:
-            out[f"layers.{i}.wqkv.bias"] = torch.cat([hf[att + f"{n}_proj.bias"] for n in "qkv"])
-        out[f"layers.{i}.wo.weight"] = hf[att + "o_proj.weight"]
-        out[f"layers.{i}.w13.weight"] = torch.cat([hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]])
-        out[f"layers.{i}.w2.weight"] = hf[mlp + "down_proj.weight"]
-        out[f"layers.{i}.attn_norm.weight"] = hf[pre + "input_layernorm.weight"]
-        if not cfg.sandwich_norms:  # Llama: the norm after attention is the MLP's input norm
-            out[f"layers.{i}.ffn_norm.weight"] = hf[pre + "post_attention_layernorm.weight"]
-            continue
-        # Gemma: post_attention_layernorm is the attention output's own norm; the MLP's input norm is another
-        out[f"layers.{i}.post_attn_norm.weight"] = hf[pre + "post_attention_layernorm.weight"]
-        out[f"layers.{i}.ffn_norm.weight"] = hf[pre + "pre_feedforward_layernorm.weight"]
-        out[f"layers.{i}.post_ffn_norm.weight"] = hf[pre + "post_feedforward_layernorm.weight"]
-        if cfg.qk_norm:
-            out[f"layers.{i}.q_norm.weight"] = hf[att + "q_norm.weight"]
-            out[f"layers.{i}.k_norm.weight"] = hf[att + "k_norm.weight"]
+        out.update({f"layers.{i}.{k}": v for k, v in hf_block_to_native(hf.__getitem__, cfg, i).items()})
+    return out
+
+
+def hf_block_to_native(get: Callable[[str], Tensor], cfg: LlamaConfig, i: int) -> dict[str, Tensor]:
+    """Block i's parameters by their native (fused) names within the block, each HF tensor read by `get`."""
+    pre = f"model.layers.{i}."
+    att, mlp = pre + "self_attn.", pre + "mlp."
+    out = {"wqkv.weight": torch.cat([get(att + f"{n}_proj.weight") for n in "qkv"])}
+    if cfg.attention_bias:
+        out["wqkv.bias"] = torch.cat([get(att + f"{n}_proj.bias") for n in "qkv"])
+    out["wo.weight"] = get(att + "o_proj.weight")
+    out["w13.weight"] = torch.cat([get(mlp + "gate_proj.weight"), get(mlp + "up_proj.weight")])
+    out["w2.weight"] = get(mlp + "down_proj.weight")
+    out["attn_norm.weight"] = get(pre + "input_layernorm.weight")
+    if not cfg.sandwich_norms:  # Llama: the norm after attention is the MLP's input norm
+        out["ffn_norm.weight"] = get(pre + "post_attention_layernorm.weight")
+        return out
+    # Gemma: post_attention_layernorm is the attention output's own norm; the MLP's input norm is another
+    out["post_attn_norm.weight"] = get(pre + "post_attention_layernorm.weight")
+    out["ffn_norm.weight"] = get(pre + "pre_feedforward_layernorm.weight")
+    out["post_ffn_norm.weight"] = get(pre + "post_feedforward_layernorm.weight")
+    if cfg.qk_norm:
+        out["q_norm.weight"] = get(att + "q_norm.weight")
+        out["k_norm.weight"] = get(att + "k_norm.weight")
     return out
