@@ -58,7 +58,7 @@ def add_parser(sub, default_target: str) -> None:
     p.add_argument("--init", choices=["last-block", "random"], default="random",
                    help="eagle: where the drafter's layer starts: the target's last block (its attention whole, the "
                         "--intermediate MLP channels that reach its output most), or small random weights "
-                        "(default: %(default)s)")
+                        "(default: %(default)s; a resumed drafter keeps its own weights)")
     p.add_argument("--depth", type=int, default=1,
                    help="eagle: draft steps trained from each position, step n reading the drafter's own step n-1 "
                         "(EAGLE-3's training-time test; 1: teacher forcing; each step costs about one more "
