@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from verispec.models.eagle import EagleDrafter
-from verispec.models.llama import LlamaModel, hf_block_to_native, last_block
+from verispec.models.llama import LlamaModel, hf_block_to_native, hf_weight_files, last_block
 from verispec.models.medusa import MedusaHeads
 
 Log = Callable[[str], None]
@@ -589,7 +589,7 @@ def target_head(target: LlamaModel, directory: Path | None, rows: int, ids: Tens
         raise ValueError("the target's LM head is quantized and no model directory was given to read it from")
     from safetensors import safe_open
 
-    files = [f for f in sorted(directory.glob("*.safetensors")) if not f.name.startswith("verispec-")]
+    files = hf_weight_files(directory)
     for name in ("lm_head.weight", "model.embed_tokens.weight"):  # a tied head is the embedding table
         for file in files:
             with safe_open(str(file), framework="pt", device="cpu") as f:
@@ -617,8 +617,7 @@ def target_block(target: LlamaModel, directory: Path | None) -> dict[str, Tensor
         raise ValueError("the target's blocks are quantized and no model directory was given to read them from")
     from safetensors import safe_open
 
-    files = [f for f in sorted(directory.glob("*.safetensors")) if not f.name.startswith("verispec-")]
-    handles = [safe_open(str(f), framework="pt", device="cpu") for f in files]
+    handles = [safe_open(str(f), framework="pt", device="cpu") for f in hf_weight_files(directory)]
 
     def get(name: str) -> Tensor:
         for f in handles:

@@ -729,7 +729,7 @@ class LlamaModel(nn.Module):
 
         path = Path(path)
         cfg = LlamaConfig.from_hf(json.loads((path / "config.json").read_text()))
-        files = sorted(f for f in path.glob("*.safetensors") if not f.name.startswith("verispec-"))  # not our caches
+        files = hf_weight_files(path)
         if not files:
             raise FileNotFoundError(f"no .safetensors files in {path}")
         with torch.device("meta"):
@@ -762,6 +762,12 @@ def _hf_to_native(hf: dict[str, Tensor], cfg: LlamaConfig) -> dict[str, Tensor]:
     for i in range(cfg.num_hidden_layers):
         out.update({f"layers.{i}.{k}": v for k, v in hf_block_to_native(hf.__getitem__, cfg, i).items()})
     return out
+
+
+def hf_weight_files(path: Path) -> list[Path]:
+    """A Hugging Face style directory's weight files, in name order: its *.safetensors but verispec's own caches
+    (verispec-*), which sit beside them."""
+    return sorted(f for f in path.glob("*.safetensors") if not f.name.startswith("verispec-"))
 
 
 def hf_block_to_native(get: Callable[[str], Tensor], cfg: LlamaConfig, i: int) -> dict[str, Tensor]:

@@ -62,8 +62,9 @@ def _available_bytes() -> int | None:
 
 def _check_memory(path: Path, config: dict, dtype: torch.dtype) -> None:
     """Refuse early, with a clear message, rather than be killed by the OOM killer mid-load."""
-    # the model's own weights, not verispec's quantized copies cached beside them (verispec-*.safetensors)
-    n_bytes = sum(f.stat().st_size for f in path.glob("*.safetensors") if not f.name.startswith("verispec-"))
+    from verispec.models.llama import hf_weight_files  # the model's own weights, not our caches beside them
+
+    n_bytes = sum(f.stat().st_size for f in hf_weight_files(path))
     stored = config.get("torch_dtype", "bfloat16")
     scale = torch.finfo(dtype).bits / torch.finfo(DTYPES.get(stored, torch.bfloat16)).bits
     need = int(n_bytes * scale)
