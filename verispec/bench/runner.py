@@ -336,8 +336,9 @@ class LlamaCppBackend:
                 draft_llm = Llama(model_path=self.draft_path, n_ctx=self.n_ctx, n_threads=self.threads,
                                   n_threads_batch=self.threads, verbose=False)
                 draft = LlamaCppDraft(draft_llm, gamma)  # the binding calls it; it checks no type
-            # llama.cpp's AMX weight repacking ("extra buffer types") crashes in llama_decode on AMX CPUs (a
-            # segmentation fault, seen with llama-cpp-python 0.3.36 on a Xeon VM); its AVX-512 kernels run fine.
+            # llama.cpp's AMX weight repacking ("extra buffer types") crashes in llama_decode on AMX CPUs (with
+            # llama-cpp-python 0.3.36: a segmentation fault on one Xeon VM kind, an illegal instruction on another,
+            # benchmarks/results/2026-12-06-xeon-amx-llamacpp-builds); its AVX-512 kernels run fine.
             # Elsewhere, and in a build without AMX (GGML_NATIVE=OFF with the AVX-512 flags), the repacked layouts
             # are its fastest (on that Xeon a build without AMX decodes at 69 ms a token with them, 85 without),
             # so only an AMX build on an AMX CPU gets them switched off. Llama() reads the default model params,
