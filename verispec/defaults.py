@@ -55,8 +55,9 @@ def default_gamma(dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE, kern
     2026-11-26-epyc-avx512-auto-gamma-cap*). On an AMD EPYC Zen 5, where 8 tokens cost 1.32x a step, caps 6 and 8
     both gave 1.48x over 18 suite prompts greedy (2026-12-01-zen5-avx512-auto-gamma-cap). The AVX2 build's
     verification costs more (1.4x a step for 2 tokens on that CPU), and 4 stays there, with the AVX-VNNI build (5
-    tokens 1.83x a step against the AVX2 build's 2.04x, its EVEX stand-in on that CPU: 2026-11-27-epyc-avxvnni-build)
-    and elsewhere (GPU).
+    tokens 1.83x a step against the AVX2 build's 2.04x, its EVEX stand-in on that CPU: 2026-11-27-epyc-avxvnni-build;
+    on an Intel Xeon with real AVX-VNNI caps 4, 6 and 8 decoded within 1-3% of each other, greedy and at T = 0.7:
+    2026-12-06-xeon-amx-avxvnni-gamma-cap) and elsewhere (GPU).
 
     >>> default_gamma("bfloat16", "cpu"), default_gamma("w4a8", "cpu", "avx512"), default_gamma("w4a8", "cpu", "avx2")
     (8, 6, 4)
@@ -121,9 +122,11 @@ def default_verify_cost(device: str = DEFAULT_DEVICE, *, kernel_isa: str | None 
     2026-11-25-xeon-verify-cost-curves). Re-measured after the weights' prefetch into L2 made the one-token step
     cheaper (AVX-512 1.09 / 1.32 / 1.7 / 2.42x, AVX2 1.15 / 1.44 / 2.33 / 3.74x), those curves drafted shorter and
     ran no faster (1.349 vs 1.362x, 1.246 vs 1.251x plain decoding greedy: 2026-11-25-xeon-prefetch-l2), so these
-    stay. The AVX-VNNI build plans with the AVX2 curve: no CPU with AVX-VNNI was measured, and its EVEX stand-in on
-    the AMD EPYC verified 2 / 5 / 8 tokens in 1.30 / 1.83 / 2.51x a step, nearer the AVX2 build's 1.36 / 2.04 /
-    3.29x than the AVX-512 build's 1.00 / 1.39 / 1.99x (2026-11-27-epyc-avxvnni-build). A bf16 target is bound by
+    stay. The AVX-VNNI build plans with the AVX2 curve: on an Intel Xeon with real AVX-VNNI it verified 2 / 5 / 8
+    tokens in 1.05 / 1.32 / 1.71x a step (2026-12-04-xeon-isa-builds) and 2 / 4 / 8 / 16 in 1.10 / 1.27 / 1.74 /
+    3.23x (2026-12-06-xeon-amx-avxvnni-gamma-cap), close to that curve, and its EVEX stand-in on the AMD EPYC in
+    1.30 / 1.83 / 2.51x for 2 / 5 / 8, nearer the AVX2 build's 1.36 / 2.04 / 3.29x than the AVX-512 build's 1.00 /
+    1.39 / 1.99x (2026-11-27-epyc-avxvnni-build). A bf16 target is bound by
     reading 3 GB of weights (5 tokens ~1.05x, 9
     ~1.3x). On a GPU an eager forward is bound by its kernel launches; a forward of up to 16 tokens attends each
     of them on its own (llama.EXACT_ATTENTION_MAX) in one Triton launch (models.triton_attention): an H200 with
