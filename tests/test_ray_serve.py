@@ -138,48 +138,36 @@ def test_a_conversation_stays_on_its_replica(cluster):
     assert len(replicas) == 1
 
 
-def _finished(base: str) -> dict[str, float]:
-    """Requests ended so far on every replica, by finish reason (verispec_requests_total)."""
-    counts: dict[str, float] = {}
-    for line in httpx.get(base + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("verispec_requests_total{"):
-            reason = line.split('finish_reason="', 1)[1].split('"', 1)[0]
-            counts[reason] = counts.get(reason, 0.0) + float(line.split()[-1])
-    return counts
+def _cancelled(base: str) -> float:
+    text = httpx.get(base + "/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("verispec_requests_total{") and 'finish_reason="cancelled"' in line)
 
 
 @pytest.mark.slow
 def test_a_client_that_leaves_frees_its_row(cluster):
     """A streaming client that leaves mid-stream ends its request on the replica as "cancelled". Under load the proxy
     relays a stream in bursts, so on a fast CPU the tiny models can finish the probe's tokens before its client's
-    leaving reaches the replica (a Zen 5: 4 of 16 rounds, every request of the round then counted "length"): such a
-    round shows nothing either way and runs again, three rounds at most. A round that ends otherwise fails at once."""
+    leaving reaches the replica (a Zen 5: 4 of 16 rounds, the probe then counted "length"): such a round shows
+    nothing, so a round without a cancellation runs again, three rounds at most."""
     body = {"model": MODEL, "prompt": "x = 1", "max_tokens": PROBE_TOKENS, "temperature": 0, "stream": True,
             "ignore_eos": True}
-    busy_n = 16
     for _ in range(3):
-        before = _finished(cluster)
-        with ThreadPoolExecutor(busy_n) as pool:  # full batches on both replicas: the stream takes a while
-            busy = [pool.submit(_request, cluster, p, 100, False, ignore_eos=True) for p in _prompts(busy_n)]
+        before = _cancelled(cluster)
+        with ThreadPoolExecutor(16) as pool:  # full batches on both replicas: the stream takes a while
+            busy = [pool.submit(_request, cluster, p, 100, False, ignore_eos=True) for p in _prompts(16)]
             time.sleep(0.2)
             with httpx.Client(base_url=cluster, timeout=60) as c, c.stream("POST", "/v1/completions", json=body) as r:
                 for line in r.iter_lines():
                     if line.startswith("data: "):
                         break  # leave at the first event: Ray Serve cancels the ingress's call, the replica sees it
             assert all(f.result(timeout=120)["finish"] for f in busy)
-        deadline = time.monotonic() + 20
-        while True:  # every request of the round accounted for (a replica's metrics arrive within a second)
-            after = _finished(cluster)
-            grew = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-            if grew.get("cancelled", 0.0) >= 1 or sum(grew.values()) >= busy_n + 1:
-                break
-            assert time.monotonic() < deadline, f"the round's requests never all ended: {grew}"
+        deadline = time.monotonic() + 10
+        while _cancelled(cluster) < before + 1 and time.monotonic() < deadline:  # metrics arrive within a second
             time.sleep(0.5)
-        if grew.get("cancelled", 0.0) >= 1:
+        if _cancelled(cluster) >= before + 1:
             return  # the replica dropped the row
-        ended = sum(grew.values())
-        assert grew.get("length", 0.0) == ended == busy_n + 1, f"the probe ended neither cancelled nor complete: {grew}"
-    pytest.fail("in three rounds the probe's stream always ended on its replica before its client left")
+    pytest.fail("the replica never saw the client leave, in three rounds")
 
 
 def _expected(models, prompt: str, n: int) -> list[int]:
