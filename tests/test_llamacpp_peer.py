@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from verispec.bench.runner import Config, LlamaCppDraft
-from verispec.cli.bench import build_configs, parse_peer_gammas
+from verispec.cli.bench import build_configs, parse_gammas, parse_peer_gammas
 
 VOCAB = 10
 
@@ -98,6 +98,21 @@ def test_the_peers_runs_can_be_narrowed_to_some_configurations_and_gammas() -> N
     # a peer not named takes the bare numbers, or --gamma's when there are none
     assert parse_peer_gammas("openvino:4,openvino:5", ["llama.cpp", "openvino"], [6]) == {"llama.cpp": [6],
                                                                                           "openvino": [4, 5]}
+
+
+def test_each_strategy_runs_at_its_own_gammas_and_the_peers_at_the_bare_ones() -> None:
+    strategies = ["ar", "draft", "eagle", "draft+ngram"]
+    per, peers = parse_gammas("4,eagle:2,eagle:3,draft+ngram:6", strategies)
+    assert per == {"draft": [4], "eagle": [2, 3], "draft+ngram": [6]} and peers == [4]
+    labels = [c.label for c in build_configs(strategies, per, [0.0], ["llama.cpp"], peers, ["ar", "prompt_lookup"])]
+    assert labels == ["ar", "draft γ=4", "eagle γ=2", "eagle γ=3", "draft+ngram γ=6", "llama.cpp ar",
+                      "llama.cpp prompt_lookup γ=4"]
+    # no bare number: every strategy named, the peers at every gamma named; one list for all is the old form
+    per, peers = parse_gammas("eagle:2,draft:4", ["draft", "eagle"])
+    assert per == {"draft": [4], "eagle": [2]} and peers == [2, 4]
+    assert [c.label for c in build_configs(["draft", "eagle"], per, [0.0], [])] == ["ar", "draft γ=4", "eagle γ=2"]
+    assert [c.label for c in build_configs(["draft", "eagle"], [2, 4], [0.0], [])] == \
+        ["ar", "draft γ=2", "draft γ=4", "eagle γ=2", "eagle γ=4"]
 
 
 @pytest.mark.slow

@@ -32,7 +32,10 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     b = sub.add_parser("bench", help="measure strategies side by side (and peers) on a prompt suite; writes a report")
     add_model_options(b, default_target, default_draft)
     b.add_argument("--strategies", default="ar,draft", help=f"comma list of: {', '.join(STRATEGIES)} (ar is always run: it is the baseline; default: %(default)s)")
-    b.add_argument("--gamma", default="2,4,6", help="comma list of gammas for the drafting strategies (default: %(default)s)")
+    b.add_argument("--gamma", default="2,4,6",
+                   help="comma list of gammas for the drafting strategies; STRATEGY:N gives one strategy its own (e.g. "
+                        "4,eagle:2: eagle at 2, the others at 4); a strategy not named takes the bare numbers "
+                        "(default: %(default)s)")
     add_strategy_options(b)
     add_config_option(b)
     b.add_argument("--temperature", default="0", help="comma list of temperatures, 0 = greedy (default: %(default)s)")
@@ -69,19 +72,22 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
 PEER_STRATEGIES = ("ar", "assisted", "prompt_lookup", "draft", "speculative")
 
 
-def build_configs(strategies: list[str], gammas: list[int], temperatures: list[float], peers: list[str],
-                  peer_gammas: list[int] | dict[str, list[int]] | None = None,
+def build_configs(strategies: list[str], gammas: list[int] | dict[str, list[int]], temperatures: list[float],
+                  peers: list[str], peer_gammas: list[int] | dict[str, list[int]] | None = None,
                   peer_strategies: list[str] | None = None) -> list[Config]:
-    """Ours first (ar, then each drafting strategy at each gamma), then the peers', for every temperature.
+    """Ours first (ar, then each drafting strategy at each of its gammas: one list for all, or a list per strategy),
+    then the peers', for every temperature.
     transformers runs assisted generation when a strategy of ours uses the draft model, and its prompt lookup
     when one uses n-grams; llama.cpp runs its prompt lookup, and its draft-model speculation when a strategy of ours
     uses the draft; OpenVINO GenAI runs its speculative decoding with the draft when a strategy of ours uses one,
     and its prompt lookup. The peers speculate at `peer_gammas` (one list for all, or a list per peer; default:
-    `gammas`) and run only `peer_strategies` of theirs where given (PEER_STRATEGIES' names): a whole-suite run can
-    then leave out the slow configurations."""
+    `gammas`, or every gamma of ours where those are per strategy) and run only `peer_strategies` of theirs where
+    given (PEER_STRATEGIES' names): a whole-suite run can then leave out the slow configurations."""
     from verispec.strategies import get
 
     drafting, ngrams = any(get(s).needs_draft for s in strategies), any("ngram" in s for s in strategies)
+    ours = gammas if isinstance(gammas, dict) else dict.fromkeys(strategies, gammas)
+    gammas = sorted({g for gs in ours.values() for g in gs}) if isinstance(gammas, dict) else gammas
     pg = peer_gammas if isinstance(peer_gammas, dict) else dict.fromkeys(PEERS, gammas if peer_gammas is None
                                                                           else peer_gammas)
     wanted = set(PEER_STRATEGIES if peer_strategies is None else peer_strategies)
@@ -93,12 +99,33 @@ def build_configs(strategies: list[str], gammas: list[int], temperatures: list[f
     configs: list[Config] = []
     for t in temperatures:
         configs.append(Config("verispec", "ar", 0, t))
-        configs += [Config("verispec", s, g, t) for s in strategies if s != "ar" for g in gammas]
+        configs += [Config("verispec", s, g, t) for s in strategies if s != "ar" for g in ours[s]]
         for peer in PEERS:
             if peer in peers:
                 configs += [Config(peer, s, g, t) for s in offered[peer] if s in wanted
                             for g in ([0] if s == "ar" else pg.get(peer, gammas))]
     return configs
+
+
+def parse_gammas(text: str, strategies: list[str]) -> tuple[dict[str, list[int]], list[int]]:
+    """--gamma's value as each drafting strategy's gammas: 'N' items apply to every strategy, 'STRATEGY:N' to that one
+    (the strategy named whole: draft+ngram:4); a strategy not named takes the bare items. Also returns what the peers
+    speculate at by default: the bare items, or every gamma named if there are none. Fails in one line."""
+    bare: list[int] = []
+    named: dict[str, list[int]] = {}
+    for item in comma_list(text, str, "--gamma"):
+        name, colon, number = item.strip().rpartition(":")
+        if colon and name not in strategies:
+            fail(f"--gamma names {name!r}, which is not among --strategies ({', '.join(strategies)})")
+        try:
+            g = int(number)
+        except ValueError:
+            fail(f"--gamma: {item!r} is not a gamma (N, or STRATEGY:N such as eagle:2)")
+        (named.setdefault(name, []) if colon else bare).append(g)
+    drafting = [s for s in strategies if s != "ar"]
+    if missing := [s for s in drafting if not named.get(s) and not bare]:
+        fail(f"--gamma gives no gamma for {', '.join(missing)}: add a bare N or STRATEGY:N")
+    return {s: named.get(s) or bare for s in drafting}, bare or sorted({g for gs in named.values() for g in gs})
 
 
 def parse_peer_gammas(text: str, peers: list[str], gammas: list[int]) -> dict[str, list[int]]:
@@ -220,13 +247,13 @@ def run(args: argparse.Namespace) -> int:
             get(s)
         except ValueError as e:
             fail(str(e))
-    gammas = comma_list(args.gamma, int, "--gamma")
+    per_strategy, gammas = parse_gammas(args.gamma, strategies)
     temperatures = comma_list(args.temperature, float, "--temperature")
     peers = comma_list(args.peers, str, "--peers") if args.peers.strip() else []
     peer_gammas = parse_peer_gammas(args.peer_gamma, peers, gammas) if args.peer_gamma is not None else None
     peer_strategies = (comma_list(args.peer_strategies, str, "--peer-strategies")
                        if args.peer_strategies is not None else None)
-    if any(g < 1 for g in gammas + [g for gs in (peer_gammas or {}).values() for g in gs]):
+    if any(g < 1 for gs in [gammas, *per_strategy.values(), *(peer_gammas or {}).values()] for g in gs):
         fail("--gamma and --peer-gamma values must be >= 1")
     for s in peer_strategies or []:
         if s not in PEER_STRATEGIES:
@@ -302,7 +329,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             backends["openvino"] = OpenVinoBackend(ov_target, ov_draft, tok.eos_ids, threads=torch.get_num_threads(),
                                                    ngram_max=options.ngram_max)
-    configs = build_configs(strategies, gammas, temperatures, peers, peer_gammas, peer_strategies)
+    configs = build_configs(strategies, per_strategy, temperatures, peers,
+                            gammas if peer_gammas is None else peer_gammas, peer_strategies)
     if "llama.cpp" in backends and backends["llama.cpp"].draft_path is None:
         configs = [c for c in configs if (c.system, c.strategy) != ("llama.cpp", "draft")]
 
