@@ -107,21 +107,28 @@ def build_configs(strategies: list[str], gammas: list[int] | dict[str, list[int]
     return configs
 
 
+def _gamma_items(text: str, option: str, names: list[str], kind: str, choices: str, example: str
+                 ) -> tuple[list[int], dict[str, list[int]]]:
+    """A gamma list's bare 'N' items and its 'NAME:N' ones by name (a NAME among `names`). Fails in one line."""
+    bare: list[int] = []
+    named: dict[str, list[int]] = {}
+    for item in comma_list(text, str, option):
+        name, colon, number = item.strip().rpartition(":")
+        if colon and name not in names:
+            fail(f"{option} names {name!r}, which is not among {choices} ({', '.join(names) or 'none'})")
+        try:
+            g = int(number)
+        except ValueError:
+            fail(f"{option}: {item!r} is not a gamma (N, or {kind}:N such as {example})")
+        (named.setdefault(name, []) if colon else bare).append(g)
+    return bare, named
+
+
 def parse_gammas(text: str, strategies: list[str]) -> tuple[dict[str, list[int]], list[int]]:
     """--gamma's value as each drafting strategy's gammas: 'N' items apply to every strategy, 'STRATEGY:N' to that one
     (the strategy named whole: draft+ngram:4); a strategy not named takes the bare items. Also returns what the peers
     speculate at by default: the bare items, or every gamma named if there are none. Fails in one line."""
-    bare: list[int] = []
-    named: dict[str, list[int]] = {}
-    for item in comma_list(text, str, "--gamma"):
-        name, colon, number = item.strip().rpartition(":")
-        if colon and name not in strategies:
-            fail(f"--gamma names {name!r}, which is not among --strategies ({', '.join(strategies)})")
-        try:
-            g = int(number)
-        except ValueError:
-            fail(f"--gamma: {item!r} is not a gamma (N, or STRATEGY:N such as eagle:2)")
-        (named.setdefault(name, []) if colon else bare).append(g)
+    bare, named = _gamma_items(text, "--gamma", strategies, "STRATEGY", "--strategies", "eagle:2")
     drafting = [s for s in strategies if s != "ar"]
     if missing := [s for s in drafting if not named.get(s) and not bare]:
         fail(f"--gamma gives no gamma for {', '.join(missing)}: add a bare N or STRATEGY:N")
@@ -131,17 +138,7 @@ def parse_gammas(text: str, strategies: list[str]) -> tuple[dict[str, list[int]]
 def parse_peer_gammas(text: str, peers: list[str], gammas: list[int]) -> dict[str, list[int]]:
     """--peer-gamma's value as each chosen peer's gammas: 'N' items apply to every peer, 'PEER:N' to that one; a
     peer not named takes the bare items, or `gammas` (--gamma's) if there are none. Fails in one line."""
-    bare: list[int] = []
-    named: dict[str, list[int]] = {}
-    for item in comma_list(text, str, "--peer-gamma"):
-        peer, colon, number = item.strip().rpartition(":")
-        if colon and peer not in peers:
-            fail(f"--peer-gamma names {peer!r}, which is not among --peers ({', '.join(peers) or 'none'})")
-        try:
-            g = int(number)
-        except ValueError:
-            fail(f"--peer-gamma: {item!r} is not a gamma (N, or PEER:N such as openvino:4)")
-        (named.setdefault(peer, []) if colon else bare).append(g)
+    bare, named = _gamma_items(text, "--peer-gamma", peers, "PEER", "--peers", "openvino:4")
     return {p: named.get(p) or bare or gammas for p in peers}
 
 
