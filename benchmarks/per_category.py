@@ -18,8 +18,8 @@ CODE = ("code_completion", "code_instruct", "code_edit")
 
 
 def main(path: str) -> None:
-    rows = [json.loads(line) for line in read_recorded(Path(path)).splitlines()
-            if json.loads(line).get("system", "verispec") == "verispec"]
+    records = [json.loads(line) for line in read_recorded(Path(path)).splitlines()]
+    rows = [r for r in records if r.get("system", "verispec") == "verispec"]
     plain = {(r["prompt_id"], r["temperature"]): r for r in rows if r["strategy"] == "ar"}
     cats = list(dict.fromkeys(r["category"] for r in rows))
     groups = {"code": CODE, "all": tuple(cats), **{c: (c,) for c in cats}}
@@ -55,6 +55,7 @@ def cell(rs: list[dict], plain: dict, t: float) -> str:
     if cs:
         parts.append(f"c {sum(cs) / len(cs):.3f}")
     return " · ".join(parts) + f" ({len(rs)})"
+
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
