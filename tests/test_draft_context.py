@@ -9,7 +9,9 @@ import torch
 from tests.test_losslessness import N, Verdict, chi_square_pvalue, exact_law, noise_floor, sample_engine, tv
 from verispec.engine import GenerationParams, generate
 from verispec.proposers.draft_model import SINKS, DraftModelProposer, draft_context
+from verispec.proposers.tree import TreeDraftProposer
 from verispec.sampling import SamplingParams
+from verispec.theory import TreeShape
 
 LONG = [4, 4, 1, 2, 5, 0, 3, 3, 1, 4, 2, 5]  # 12 tokens: with context 3 the draft reads 4 + 3 of its first 11
 
@@ -38,15 +40,32 @@ def test_the_draft_reads_only_its_window(tiny_target, tiny_draft):
     assert whole.cache.length(0) == len(LONG) - 1
 
 
+def test_the_tree_draft_reads_only_its_window(tiny_draft):
+    """The tree strategy's draft windows the prompt as the chain's does: its cache holds sinks + window, and its
+    first tree is the one a draft given exactly those tokens drafts."""
+    shape = TreeShape.from_paths([(0,), (1,), (0, 0)])
+    windowed = TreeDraftProposer(tiny_draft, 64, shape=shape, context=3)
+    windowed.reset([0], [LONG])
+    assert windowed.cache.length(0) == SINKS + 3
+    short = TreeDraftProposer(tiny_draft, 64, shape=shape)
+    short.reset([0], [draft_context(LONG[:-1], 3) + LONG[-1:]])
+    greedy, gen = [SamplingParams(temperature=0.0)], [torch.Generator().manual_seed(0)]
+    trees = [p.propose([0], [3], greedy, gen)[0] for p in (windowed, short)]
+    assert trees[0].tokens.tolist() == trees[1].tokens.tolist() and trees[0].parents.tolist() == [-1, -1, 0]
+    with pytest.raises(ValueError, match="context"):
+        TreeDraftProposer(tiny_draft, 64, context=0)
+
+
 @pytest.mark.parametrize("gamma", [1, 3, 5])
 def test_greedy_output_equals_plain_decoding(tiny_target, tiny_draft, gamma):
     params = GenerationParams(max_new_tokens=30, gamma=gamma)
     for prompt in (LONG, LONG[:6], [3] + LONG):
         plain = generate(tiny_target, prompt, params).token_ids
-        proposer = DraftModelProposer(tiny_draft, len(prompt) + 40, context=2)
-        out = generate(tiny_target, prompt, params, proposer)
-        assert out.token_ids == plain
-        assert out.metrics.drafted > 0
+        for proposer in (DraftModelProposer(tiny_draft, len(prompt) + 40, context=2),
+                         TreeDraftProposer(tiny_draft, len(prompt) + 40, context=2)):
+            out = generate(tiny_target, prompt, params, proposer)
+            assert out.token_ids == plain
+            assert out.metrics.drafted > 0
 
 
 def test_sampled_law_is_the_targets(tiny_target, tiny_draft):
@@ -74,12 +93,12 @@ def test_strategies_read_the_default_context_and_zero_reads_all(tiny_target, tin
 
     def context(name: str, options: StrategyOptions) -> int | None:
         proposer = make_proposer(name, target, draft, 64, options)
-        while not isinstance(proposer, DraftModelProposer):  # adaptive and draft+ngram wrap the draft model's
+        while not isinstance(proposer, (DraftModelProposer, TreeDraftProposer)):  # the mixes wrap the draft's
             proposer = proposer.draft
         return proposer.context
 
     assert DEFAULT_DRAFT_CONTEXT is not None
-    for name in ("draft", "adaptive", "draft+ngram", "auto"):
+    for name in ("draft", "adaptive", "draft+ngram", "auto", "tree", "tree+ngram"):
         assert context(name, StrategyOptions()) == DEFAULT_DRAFT_CONTEXT
         assert context(name, StrategyOptions(draft_context=0)) is None
         assert context(name, StrategyOptions(draft_context=9)) == 9

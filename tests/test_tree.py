@@ -21,7 +21,8 @@ from tests.test_losslessness import (
     T1, T07_P09, W, Verdict, chi_square_pvalue, exact_law, noise_floor, sample_engine, tv,
 )
 from verispec.batch import NativeRows, tree_layout
-from verispec.engine import GenerationParams, generate
+from verispec.engine import Batch, GenerationParams, generate
+from verispec.proposers.mix import DraftNgramProposer
 from verispec.proposers.tree import TreeDraftProposer, draw_children
 from verispec.sampling import SamplingParams, logits_to_probs
 from verispec.theory import (
@@ -316,3 +317,61 @@ def test_planner_says_chain_on_a_steep_cost_curve_and_tree_when_verification_is_
     assert all(rank == 0 for rank in shape.ranks) and speed > 1  # a chain
     flat, _ = plan_tree(r, 8, 0.05)
     assert any(rank > 0 for rank in flat.ranks) and len(flat) == 8  # a GPU: use the whole budget, wide
+
+
+# ---- tree+ngram: prompt lookup first, the tree elsewhere -----------------------------------------------------------
+class _CountingTreeMix(DraftNgramProposer):
+    """Counts the tree proposals it hands out (rounds the draft model drafted), beside the n-gram rounds."""
+
+    tree_rounds = 0
+
+    def propose(self, rows, gammas, sampling, generators, shapes=None):
+        out = super().propose(rows, gammas, sampling, generators, shapes)
+        self.tree_rounds += sum(p.parents is not None for p in out)
+        return out
+
+
+@pytest.mark.parametrize("gamma", [3, 7])
+def test_tree_ngram_greedy_equals_plain_and_the_draft_catches_up(wide_target, wide_draft, gamma):
+    """Both kinds of round happen and the output is plain decoding's; after the rounds the lookup drafted (the draft
+    model ran nothing then), the tree's first q is still the draft's fresh law over the whole text."""
+    repetitive = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
+    tree_rounds = ngram_rounds = 0
+    for prompt in ([3, 1, 4, 1, 5], [2, 9, 11, 30, 5, 5, 1], repetitive):
+        plain = generate(wide_target, prompt, GenerationParams(max_new_tokens=30)).token_ids
+        mix = _CountingTreeMix(TreeDraftProposer(wide_draft, 64), 3, min_match=2)
+        assert generate(wide_target, prompt, GenerationParams(max_new_tokens=30, gamma=gamma), mix).token_ids == plain
+        tree_rounds, ngram_rounds = tree_rounds + mix.tree_rounds, ngram_rounds + mix.ngram_rounds
+    assert tree_rounds >= 3 and ngram_rounds >= 2
+    mix = DraftNgramProposer(TreeDraftProposer(wide_draft, 64, shape=TreeShape.chain(1)), 3, min_match=2)
+    batch = Batch(wide_target, 1, 64, slack=8)
+    seq = batch.add(repetitive, GenerationParams(max_new_tokens=30, gamma=gamma), mix)
+    while seq.result.finish_reason is None and not (seq.started and mix.ngram_rounds >= 2):
+        batch.round()
+    assert mix.ngram_rounds >= 2
+    text = repetitive + seq.out
+    t1 = SamplingParams(temperature=1.0)
+    (proposal,) = mix.draft.propose([0], [1], [t1], [torch.Generator().manual_seed(0)])
+    fresh = fresh_logits(wide_draft, text)[-1]
+    torch.testing.assert_close(proposal.q[0], logits_to_probs(fresh, t1), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("sampling,seed_base", [(T07_P09, 23_000_000)], ids=["T07-p09"])
+def test_tree_ngram_keeps_the_target_law(tiny_target, tiny_draft, sampling, seed_base):
+    """On a prompt that repeats itself both the lookup and the tree draft inside the compared window, and the
+    law of the first W tokens is the target's (against the measured noise floor)."""
+    from tests.test_ngram import lossless_verdict
+
+    mixes: list[_CountingTreeMix] = []
+
+    def make(max_len: int, rows: int) -> DraftNgramProposer:
+        shape = TreeShape.from_paths([(0,), (1,), (0, 0)])
+        mixes.append(_CountingTreeMix(TreeDraftProposer(tiny_draft, max_len, rows=rows, shape=shape), 3,
+                                      min_match=3))
+        return mixes[-1]
+
+    verdict = lossless_verdict(tiny_target, make, sampling, 3, seed_base, "tree+ngram")
+    tree_rounds, ngram_rounds = sum(m.tree_rounds for m in mixes), sum(m.ngram_rounds for m in mixes)
+    print(f"n-gram rounds {ngram_rounds}, tree rounds {tree_rounds}")
+    assert ngram_rounds > 100 and tree_rounds > 100, (ngram_rounds, tree_rounds)
+    assert verdict.passes, verdict

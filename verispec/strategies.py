@@ -259,8 +259,15 @@ def _tree(target: LoadedModel, draft: LoadedModel | None, size: Size, options: S
         raise ValueError(f"strategy 'tree' needs a native Llama-family draft; {draft.name} runs through "
                          f"{type(draft.model).__name__}")
     c, cost = _prices(target, draft)
+    context = DEFAULT_DRAFT_CONTEXT if options.draft_context is None else options.draft_context
     return TreeDraftProposer(draft.model, size.max_len, vocab_size=target.model.vocab_size, rows=size.rows,
-                             max_gamma=size.max_gamma, c=c, verify_cost=cost)
+                             max_gamma=size.max_gamma, c=c, verify_cost=cost, context=context or None)
+
+
+def _tree_ngram(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
+    """Prompt lookup when the suffix matches, else the draft model's planned tree: a copied run costs no draft
+    forward, and the tree hedges the draft's unsure tokens where there is nothing to copy."""
+    return _lookup_first(options, lambda: _tree(target, draft, size, options))
 
 
 def _module(model: object) -> torch.nn.Module:
@@ -291,6 +298,8 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("tree", True, "the draft model drafting a token tree of up to --gamma nodes, its shape planned per "
                  "round from the measured acceptance of the draft's 1st, 2nd, .. choices and this CPU's "
                  "verification costs", _tree),
+        Strategy("tree+ngram", True, "prompt lookup when the suffix matches, else the draft model's planned token "
+                 "tree (as `tree`)", _tree_ngram),
         Strategy("eagle", False, "an EAGLE feature-level drafter trained for the target (--drafter DIR): one layer "
                  "over the target's own features, no draft model", _eagle),
         Strategy("eagle+ngram", False, "prompt lookup when the suffix matches, else the EAGLE drafter of --drafter "

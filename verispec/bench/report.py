@@ -163,7 +163,7 @@ def theory_rows(rows: Sequence[Row], curve: Sequence[dict[str, Any]] | None = No
     groups: dict[tuple[str, float], list[Row]] = defaultdict(list)
     for row in rows:
         if (row.category == ALL and row.config.system == "verispec" and not row.config.plain
-                and row.alpha_iid is not None and row.config.strategy != "tree"):
+                and row.alpha_iid is not None and row.config.strategy not in ("tree", "tree+ngram")):
             groups[(row.config.strategy, row.config.temperature)].append(row)
     out = []
     for (strategy, temperature), rs in groups.items():

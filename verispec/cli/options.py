@@ -27,11 +27,11 @@ DTYPE_CHOICES = ["bfloat16", "float32", "int8", "int4", "w8a8", "w4a8", "w4a8-4b
 
 # flag -> (the StrategyOptions field it sets, the strategies that read that field)
 STRATEGY_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "--ngram-max": ("ngram_max", ("ngram", "draft+ngram", "auto", "eagle+ngram")),
-    "--ngram-min": ("ngram_min", ("ngram", "draft+ngram", "auto", "eagle+ngram")),
+    "--ngram-max": ("ngram_max", ("ngram", "draft+ngram", "auto", "tree+ngram", "eagle+ngram")),
+    "--ngram-min": ("ngram_min", ("ngram", "draft+ngram", "auto", "tree+ngram", "eagle+ngram")),
     "--layers": ("layerskip_layers", ("layerskip",)),
     "--draft-confidence": ("draft_confidence", ("draft", "adaptive", "draft+ngram", "auto")),
-    "--draft-context": ("draft_context", ("draft", "adaptive", "draft+ngram", "auto")),
+    "--draft-context": ("draft_context", ("draft", "adaptive", "draft+ngram", "auto", "tree", "tree+ngram")),
     "--window": ("lookahead_window", ("lookahead",)),
     "--lookahead-ngram": ("lookahead_ngram", ("lookahead",)),
     "--lookahead-candidates": ("lookahead_candidates", ("lookahead",)),

@@ -23,7 +23,7 @@ from torch import Tensor
 from verispec.batch import Rows, Tree, make_rows, prefill_rows
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Outcome, Proposal, ProposerStats, charge
-from verispec.proposers.draft_model import probs_on_vocab, to_vocab
+from verispec.proposers.draft_model import draft_context, probs_on_vocab, to_vocab
 from verispec.sampling import SamplingParams, Shaper, sample
 from verispec.theory import TreeShape, VerifyCost, flat_cost, plan_tree
 
@@ -110,8 +110,13 @@ class TreeDraftProposer:
     def __init__(self, model: CausalLM, max_len: int, vocab_size: int | None = None, *, rows: int = 1,
                  max_gamma: int = 16, c: float = 0.25, verify_cost: VerifyCost = flat_cost,
                  rank_accept: tuple[float, ...] = PRIOR_RANK_ACCEPT, prior_weight: float = 4.0, decay: float = 0.9,
-                 shape: TreeShape | None = None, pause: bool = False, probe_every: int = 4) -> None:
-        """shape: a fixed tree for every round (tests, benchmarks) instead of one planned per round."""
+                 shape: TreeShape | None = None, pause: bool = False, probe_every: int = 4,
+                 context: int | None = None) -> None:
+        """shape: a fixed tree for every round (tests, benchmarks) instead of one planned per round; context: the
+        draft reads only the first and last tokens of a longer prompt, as the chain's draft does (draft_context)."""
+        if context is not None and context < 1:
+            raise ValueError(f"the draft's context must be >= 1 prompt tokens, got {context}")
+        self.context = context
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
         self.decay, self.pause, self.probe_every = decay, pause, probe_every
@@ -132,7 +137,7 @@ class TreeDraftProposer:
 
     def reset(self, rows: list[int], prompts: list[list[int]], target: Rows | None = None,
               hidden: list[Tensor | None] | None = None) -> None:
-        prefill_rows(self.cache, rows, [p[:-1] for p in prompts])
+        prefill_rows(self.cache, rows, [draft_context(p[:-1], self.context) for p in prompts])  # one forward
         for row, prompt in zip(rows, prompts):
             self.rows[row] = RowTree(prompt[-1:], list(self.prior[0]), list(self.prior[1]))
             self._stats[row] = ProposerStats()
