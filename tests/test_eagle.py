@@ -12,6 +12,7 @@ import torch
 
 from tests.test_cli import pair, run_inline  # noqa: F401 - the tiny HF pair fixture
 from tests.test_losslessness import T07_P09, check
+from tests.test_ngram import text_after_lookup_rounds
 from verispec.engine import Batch, GenerationParams, generate
 from verispec.models.eagle import EagleConfig, EagleDrafter, load_drafter
 from verispec.proposers.eagle import DynamicTree, EagleProposer
@@ -127,12 +128,7 @@ def test_eagle_ngram_greedy_equals_plain_decoding_and_catches_up(wide_target, ea
         mix = DraftNgramProposer(EagleProposer(eagle, 64, wide_target.vocab_size), 3, min_match=2)
         assert generate(wide_target, prompt, GenerationParams(max_new_tokens=30, gamma=gamma), mix).token_ids == plain
     mix = DraftNgramProposer(EagleProposer(eagle, 64, wide_target.vocab_size), 3, min_match=2)
-    batch = Batch(wide_target, 1, 64, slack=8)
-    seq = batch.add(repetitive, GenerationParams(max_new_tokens=30, gamma=gamma), mix)
-    while seq.result.finish_reason is None and not (seq.started and mix.ngram_rounds >= 2):
-        batch.round()
-    assert mix.ngram_rounds >= 2
-    text = repetitive + seq.out
+    text = text_after_lookup_rounds(wide_target, mix, repetitive, gamma)
     (proposal,) = mix.draft.propose([0], [1], [sampling], [torch.Generator().manual_seed(0)])
     h = target_features(wide_target, text[:-1])
     logits = eagle.forward(torch.tensor([text[1:]]), eagle.new_cache(len(text) + 1), features=h[None])[0, -1]

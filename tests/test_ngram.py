@@ -26,7 +26,7 @@ from tests.test_losslessness import (
     FLOOR_K, N, P_MIN, Floor, Verdict, chi_square_pvalue, exact_law, noise_floor, residual_is_p, sample_engine, tv,
 )
 from verispec import strategies
-from verispec.engine import Generation, GenerationParams, generate
+from verispec.engine import Batch, Generation, GenerationParams, generate
 from verispec.models.llama import LlamaModel
 from verispec.models.load import LoadedModel
 from verispec.proposers.base import Outcome, PerRow
@@ -354,6 +354,17 @@ def test_mix_through_the_engine_keeps_the_draft_cache_fresh(wide_target, wide_dr
         forwards += mix.forwards
     # sampled text repeats itself less: a few n-gram rounds between the draft's are what is checked there
     assert checked > 30 and ngram_rounds > (5 if sampling.greedy else 2) and forwards > 5
+
+
+def text_after_lookup_rounds(target: LlamaModel, mix: DraftNgramProposer, prompt: list[int], gamma: int) -> list[int]:
+    """Decode `prompt` greedily through `mix` in a one-row batch until the lookup has drafted two rounds (the inner
+    proposer ran nothing in those); the text so far, for a check that the inner proposer caught up."""
+    batch = Batch(target, 1, 64, slack=8)
+    seq = batch.add(prompt, GenerationParams(max_new_tokens=30, gamma=gamma), mix)
+    while seq.result.finish_reason is None and not (seq.started and mix.ngram_rounds >= 2):
+        batch.round()
+    assert mix.ngram_rounds >= 2
+    return prompt + seq.out
 
 
 # ---- statistical losslessness through the engine ------------------------------------------------------------------

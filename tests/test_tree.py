@@ -20,8 +20,9 @@ from tests.conftest import fresh_logits
 from tests.test_losslessness import (
     T1, T07_P09, W, Verdict, chi_square_pvalue, exact_law, noise_floor, sample_engine, tv,
 )
+from tests.test_ngram import text_after_lookup_rounds
 from verispec.batch import NativeRows, tree_layout
-from verispec.engine import Batch, GenerationParams, generate
+from verispec.engine import GenerationParams, generate
 from verispec.proposers.mix import DraftNgramProposer
 from verispec.proposers.tree import TreeDraftProposer, draw_children
 from verispec.sampling import SamplingParams, logits_to_probs
@@ -344,12 +345,7 @@ def test_tree_ngram_greedy_equals_plain_and_the_draft_catches_up(wide_target, wi
         tree_rounds, ngram_rounds = tree_rounds + mix.tree_rounds, ngram_rounds + mix.ngram_rounds
     assert tree_rounds >= 3 and ngram_rounds >= 2
     mix = DraftNgramProposer(TreeDraftProposer(wide_draft, 64, shape=TreeShape.chain(1)), 3, min_match=2)
-    batch = Batch(wide_target, 1, 64, slack=8)
-    seq = batch.add(repetitive, GenerationParams(max_new_tokens=30, gamma=gamma), mix)
-    while seq.result.finish_reason is None and not (seq.started and mix.ngram_rounds >= 2):
-        batch.round()
-    assert mix.ngram_rounds >= 2
-    text = repetitive + seq.out
+    text = text_after_lookup_rounds(wide_target, mix, repetitive, gamma)
     t1 = SamplingParams(temperature=1.0)
     (proposal,) = mix.draft.propose([0], [1], [t1], [torch.Generator().manual_seed(0)])
     fresh = fresh_logits(wide_draft, text)[-1]
