@@ -20,7 +20,7 @@ from tests.conftest import fresh_logits
 from tests.test_losslessness import (
     T1, T07_P09, W, Verdict, chi_square_pvalue, exact_law, noise_floor, sample_engine, tv,
 )
-from tests.test_ngram import text_after_lookup_rounds
+from tests.test_ngram import lossless_verdict, text_after_lookup_rounds
 from verispec.batch import NativeRows, tree_layout
 from verispec.engine import GenerationParams, generate
 from verispec.proposers.mix import DraftNgramProposer
@@ -356,8 +356,6 @@ def test_tree_ngram_greedy_equals_plain_and_the_draft_catches_up(wide_target, wi
 def test_tree_ngram_keeps_the_target_law(tiny_target, tiny_draft, sampling, seed_base):
     """On a prompt that repeats itself both the lookup and the tree draft inside the compared window, and the
     law of the first W tokens is the target's (against the measured noise floor)."""
-    from tests.test_ngram import lossless_verdict
-
     mixes: list[_CountingTreeMix] = []
 
     def make(max_len: int, rows: int) -> DraftNgramProposer:

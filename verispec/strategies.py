@@ -85,9 +85,13 @@ def _draft(target: LoadedModel, draft: LoadedModel | None, size: Size, options: 
     assert draft is not None
     if options.draft_confidence is not None:
         confidence = options.draft_confidence
-    context = DEFAULT_DRAFT_CONTEXT if options.draft_context is None else options.draft_context
     return DraftModelProposer(draft.model, size.max_len, vocab_size=target.model.vocab_size, confidence=confidence,
-                              rows=size.rows, max_gamma=size.max_gamma, context=context or None)
+                              rows=size.rows, max_gamma=size.max_gamma, context=_draft_window(options))
+
+
+def _draft_window(options: StrategyOptions) -> int | None:
+    """The draft model's prompt window: --draft-context, else the default (0: the whole prompt, None)."""
+    return (DEFAULT_DRAFT_CONTEXT if options.draft_context is None else options.draft_context) or None
 
 
 def _adaptive(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
@@ -259,9 +263,8 @@ def _tree(target: LoadedModel, draft: LoadedModel | None, size: Size, options: S
         raise ValueError(f"strategy 'tree' needs a native Llama-family draft; {draft.name} runs through "
                          f"{type(draft.model).__name__}")
     c, cost = _prices(target, draft)
-    context = DEFAULT_DRAFT_CONTEXT if options.draft_context is None else options.draft_context
     return TreeDraftProposer(draft.model, size.max_len, vocab_size=target.model.vocab_size, rows=size.rows,
-                             max_gamma=size.max_gamma, c=c, verify_cost=cost, context=context or None)
+                             max_gamma=size.max_gamma, c=c, verify_cost=cost, context=_draft_window(options))
 
 
 def _tree_ngram(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:

@@ -53,6 +53,13 @@ def probs_on_vocab(logits: Tensor, sampling: SamplingParams, vocab_size: int, id
 SINKS = 4  # a windowed draft context keeps the prompt's first tokens: attention leans on them (StreamingLLM)
 
 
+def checked_window(window: int | None) -> int | None:
+    """A draft's prompt window (draft_context) as given, or ValueError where it is no window at all."""
+    if window is not None and window < 1:
+        raise ValueError(f"the draft's context must be >= 1 prompt tokens, got {window}")
+    return window
+
+
 def draft_context(tokens: list[int], window: int | None) -> list[int]:
     """What a draft reads of a prompt: all of it, or (window set and the prompt longer) its first SINKS tokens and
     its last `window`. The draft's guesses may get worse, never the output: verification uses the q it gave.
@@ -151,9 +158,7 @@ class DraftModelProposer:
         bounds its prefill (draft_context)."""
         if not 0.0 <= confidence <= 1.0:
             raise ValueError(f"draft confidence must be in [0, 1], got {confidence}")
-        if context is not None and context < 1:
-            raise ValueError(f"the draft's context must be >= 1 prompt tokens, got {context}")
-        self.confidence, self.context = confidence, context
+        self.confidence, self.context = confidence, checked_window(context)
         self.model = model
         self.vocab_size = vocab_size or model.vocab_size  # the target's; embedding tables may be padded
         self.cache = make_rows(model, rows, max_len, slack=max_gamma + 2)

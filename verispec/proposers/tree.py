@@ -23,7 +23,7 @@ from torch import Tensor
 from verispec.batch import Rows, Tree, make_rows, prefill_rows
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Outcome, Proposal, ProposerStats, charge
-from verispec.proposers.draft_model import draft_context, probs_on_vocab, to_vocab
+from verispec.proposers.draft_model import checked_window, draft_context, probs_on_vocab, to_vocab
 from verispec.sampling import SamplingParams, Shaper, sample
 from verispec.theory import TreeShape, VerifyCost, flat_cost, plan_tree
 
@@ -114,9 +114,7 @@ class TreeDraftProposer:
                  context: int | None = None) -> None:
         """shape: a fixed tree for every round (tests, benchmarks) instead of one planned per round; context: the
         draft reads only the first and last tokens of a longer prompt, as the chain's draft does (draft_context)."""
-        if context is not None and context < 1:
-            raise ValueError(f"the draft's context must be >= 1 prompt tokens, got {context}")
-        self.context = context
+        self.context = checked_window(context)
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
         self.decay, self.pause, self.probe_every = decay, pause, probe_every
