@@ -251,7 +251,7 @@ def test_calibrate_layerskip_saves_a_choice_that_generate_uses(pair, capsys, tmp
     (["generate", "hi", "--strategy", "draft", "--ngram-max", "4"], "--ngram-max applies to the ngram, draft+ngram, auto, tree+ngram and eagle+ngram"),
     (["generate", "hi", "--strategy", "lookahead", "--ngram-min", "2"], "--ngram-min applies to the ngram, draft+ngram, auto, tree+ngram and eagle+ngram"),
     (["generate", "hi", "--strategy", "ngram", "--draft-confidence", "0.5"],
-     "--draft-confidence applies to the draft, adaptive, draft+ngram and auto strategies only"),
+     "--draft-confidence applies to the draft, adaptive, draft+ngram, auto, eagle and eagle+ngram strategies only"),
     (["generate", "hi", "--no-speculate", "--window", "3"], "(the strategy is ar)"),
     (["bench", "--strategies", "ar,draft", "--window", "3"], "(the strategies are ar, draft)"),
     (["serve", "--strategy", "ar", "--layers", "2"], "--layers applies to the layerskip strategy only"),

@@ -104,16 +104,45 @@ def test_training_time_test_fits_the_later_draft_steps(wide_target):
     assert by_depth[3][1] > by_depth[1][1] + 0.05 and by_depth[3][2] > by_depth[1][2] + 0.05, by_depth
 
 
-@pytest.mark.parametrize("gamma", [1, 3, 5])
-def test_eagle_greedy_equals_plain_decoding(wide_target, eagle, gamma):
+def accepted_with_greedy_identity(target, make_proposer, gamma: int) -> int:
+    """Decode every prompt plainly and with a fresh make_proposer() at gamma; the outputs must be equal. Returns the
+    drafts accepted in all (a trained drafter's guesses are kept, so the pair bookkeeping ran)."""
     accepted = 0
     for prompt in PROMPTS:
-        plain = generate(wide_target, prompt, GenerationParams(max_new_tokens=30)).token_ids
-        got = generate(wide_target, prompt, GenerationParams(max_new_tokens=30, gamma=gamma),
-                       EagleProposer(eagle, 64, wide_target.vocab_size))
+        plain = generate(target, prompt, GenerationParams(max_new_tokens=30)).token_ids
+        got = generate(target, prompt, GenerationParams(max_new_tokens=30, gamma=gamma), make_proposer())
         assert got.token_ids == plain, prompt
         accepted += got.metrics.accepted
-    assert accepted > 15  # the drafter was trained: its guesses were kept, the pair bookkeeping ran
+    return accepted
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_eagle_greedy_equals_plain_decoding(wide_target, eagle, gamma):
+    assert accepted_with_greedy_identity(wide_target, lambda: EagleProposer(eagle, 64, wide_target.vocab_size),
+                                         gamma) > 15
+
+
+def test_eagle_confidence_stop_ends_a_chain_after_an_unsure_token_and_keeps_greedy_identity(wide_target, eagle):
+    """With a confidence stop a chain ends after the first token the drafter gave less than the threshold (every
+    earlier one was at least that sure), else at gamma; a greedy run with the stop still equals plain decoding."""
+    sampling, gamma, sure = SamplingParams(temperature=1.0), 6, 0.25
+    lengths = []
+    for seed, prompt in enumerate(PROMPTS):
+        proposer = EagleProposer(eagle, 64, wide_target.vocab_size, confidence=sure)
+        proposer.reset([0], [prompt], hidden=[target_features(wide_target, prompt)[:-1]])  # h_t of pairs (h_t, x_t+1)
+        for k in range(3):
+            (p,) = proposer.propose([0], [gamma], [sampling], [torch.Generator().manual_seed(10 * seed + k)])
+            if not len(p.tokens):  # a one-token prompt: no pair to draft from yet
+                continue
+            probs = p.q[torch.arange(len(p.tokens)), p.tokens].tolist()
+            assert all(x >= sure for x in probs[:-1]), probs
+            assert len(probs) == gamma or probs[-1] < sure, probs
+            lengths.append(len(probs))
+    assert min(lengths) < gamma <= max(lengths), lengths  # the stop ended some chains early, not every one
+    assert accepted_with_greedy_identity(
+        wide_target, lambda: EagleProposer(eagle, 64, wide_target.vocab_size, confidence=sure), gamma) > 15
+    with pytest.raises(ValueError, match="confidence"):
+        EagleProposer(eagle, 64, wide_target.vocab_size, confidence=1.5)
 
 
 @pytest.mark.parametrize("gamma", [2, 4])
@@ -177,14 +206,8 @@ def _first_drafts_are_fresh_passes(target, drafter: EagleDrafter) -> None:
 
 @pytest.mark.parametrize("k,depth,gamma", [(2, 2, 3), (3, 4, 8), (4, 5, 12), (1, 4, 4)])
 def test_eagle_tree_greedy_equals_plain_decoding(wide_target, eagle, k, depth, gamma):
-    accepted = 0
-    for prompt in PROMPTS:
-        plain = generate(wide_target, prompt, GenerationParams(max_new_tokens=30)).token_ids
-        got = generate(wide_target, prompt, GenerationParams(max_new_tokens=30, gamma=gamma),
-                       EagleProposer(eagle, 64, wide_target.vocab_size, tree=DynamicTree(k, depth)))
-        assert got.token_ids == plain, prompt
-        accepted += got.metrics.accepted
-    assert accepted > 15
+    assert accepted_with_greedy_identity(
+        wide_target, lambda: EagleProposer(eagle, 64, wide_target.vocab_size, tree=DynamicTree(k, depth)), gamma) > 15
 
 
 def test_eagle_tree_accepts_more_per_round_than_its_chain(wide_target, eagle):
@@ -265,6 +288,17 @@ def test_eagle_keeps_the_target_law(tiny_target):
     drafter = train_tiny(tiny_target, steps=150)
     verdict = check(tiny_target, None, T07_P09, 3, 31_000_000, label="eagle",
                     make_proposer=lambda max_len, rows: EagleProposer(drafter, max_len, tiny_target.vocab_size, rows=rows))
+    assert verdict.alpha is not None and verdict.alpha > 0.2, verdict
+    assert verdict.passes, verdict
+
+
+@pytest.mark.slow  # 8 s
+def test_eagle_with_a_confidence_stop_keeps_the_target_law(tiny_target):
+    """The chain's length follows the drafter's own probabilities (never the target's): the law holds."""
+    drafter = train_tiny(tiny_target, steps=150)
+    verdict = check(tiny_target, None, T07_P09, 5, 31_000_000, label="eagle~0.4",
+                    make_proposer=lambda max_len, rows: EagleProposer(drafter, max_len, tiny_target.vocab_size,
+                                                                      rows=rows, confidence=0.4))
     assert verdict.alpha is not None and verdict.alpha > 0.2, verdict
     assert verdict.passes, verdict
 
@@ -686,14 +720,8 @@ def test_a_feature_layer_drafter_starts_as_the_last_feature_alone(wide_target, t
 
 @pytest.mark.parametrize("gamma,tree", [(1, None), (3, None), (5, DynamicTree(2, 3))])
 def test_a_feature_layer_drafter_keeps_greedy_identity(target3, eagle3, gamma, tree):
-    accepted = 0
-    for prompt in PROMPTS:
-        plain = generate(target3, prompt, GenerationParams(max_new_tokens=30)).token_ids
-        got = generate(target3, prompt, GenerationParams(max_new_tokens=30, gamma=gamma),
-                       EagleProposer(eagle3, 64, target3.vocab_size, tree=tree))
-        assert got.token_ids == plain, prompt
-        accepted += got.metrics.accepted
-    assert accepted > 15
+    assert accepted_with_greedy_identity(target3, lambda: EagleProposer(eagle3, 64, target3.vocab_size, tree=tree),
+                                         gamma) > 15
 
 
 def test_a_feature_layer_drafters_first_draft_reads_the_fused_features_of_the_whole_sequence(target3, eagle3):

@@ -204,7 +204,8 @@ def _eagle(target: LoadedModel, draft: LoadedModel | None, size: Size, options: 
     model = _native(target, "eagle")
     drafter = load_drafter(drafter_dir(options, "eagle")[0], model, quantize_kind="w4a8-4bit" if _w4a8(model) else None)
     tree = None if options.eagle_tree is None else DynamicTree(*options.eagle_tree)
-    return EagleProposer(drafter, size.max_len, model.vocab_size, rows=size.rows, max_gamma=size.max_gamma, tree=tree)
+    return EagleProposer(drafter, size.max_len, model.vocab_size, rows=size.rows, max_gamma=size.max_gamma, tree=tree,
+                         confidence=options.draft_confidence or 0.0)
 
 
 def _eagle_ngram(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:

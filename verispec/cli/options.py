@@ -30,7 +30,7 @@ STRATEGY_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "--ngram-max": ("ngram_max", ("ngram", "draft+ngram", "auto", "tree+ngram", "eagle+ngram")),
     "--ngram-min": ("ngram_min", ("ngram", "draft+ngram", "auto", "tree+ngram", "eagle+ngram")),
     "--layers": ("layerskip_layers", ("layerskip",)),
-    "--draft-confidence": ("draft_confidence", ("draft", "adaptive", "draft+ngram", "auto")),
+    "--draft-confidence": ("draft_confidence", ("draft", "adaptive", "draft+ngram", "auto", "eagle", "eagle+ngram")),
     "--draft-context": ("draft_context", ("draft", "adaptive", "draft+ngram", "auto", "tree", "tree+ngram")),
     "--window": ("lookahead_window", ("lookahead",)),
     "--lookahead-ngram": ("lookahead_ngram", ("lookahead",)),
@@ -154,8 +154,9 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
                    help="layerskip: draft with the target's first LAYERS blocks (default: the saved "
                         "`verispec calibrate-layerskip` choice for the target, else half its layers)")
     p.add_argument("--draft-confidence", type=finite, default=None,
-                   help="draft, adaptive, draft+ngram, auto: stop drafting after a token the draft gave less than this "
-                        "probability (default: 0, 0.3 for adaptive, 0.5 for auto)")
+                   help="draft, adaptive, draft+ngram, auto, eagle, eagle+ngram: stop drafting after a token the draft "
+                        "(or the EAGLE drafter's chain) gave less than this probability (default: 0, 0.3 for adaptive, "
+                        "0.5 for auto)")
     p.add_argument("--draft-context", type=int, default=None, metavar="N",
                    help="draft, adaptive, draft+ngram, auto: the draft model reads only the first 4 and the last N "
                         "tokens of a longer prompt, which bounds its own prefill; lossless; 0: the whole prompt "

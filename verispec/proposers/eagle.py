@@ -64,8 +64,12 @@ class EagleProposer:
     """An EAGLE drafter with its own one-layer KV cache of `rows` rows (see the module docstring)."""
 
     def __init__(self, drafter: EagleDrafter, max_len: int, vocab_size: int, *, rows: int = 1,
-                 max_gamma: int = 16, tree: DynamicTree | None = None) -> None:
-        self.drafter, self.vocab_size, self.tree = drafter, vocab_size, tree
+                 max_gamma: int = 16, tree: DynamicTree | None = None, confidence: float = 0.0) -> None:
+        """confidence: a chain stops after a token the drafter gave less than this probability (0: never), so a
+        deep gamma costs verification rows only where the drafter is sure; trees ignore it."""
+        if not 0.0 <= confidence <= 1.0:
+            raise ValueError(f"draft confidence must be in [0, 1], got {confidence}")
+        self.drafter, self.vocab_size, self.tree, self.confidence = drafter, vocab_size, tree, confidence
         grown = 0 if tree is None else tree.top_k * (tree.depth - 1)  # slots a tree's growing writes past pending
         self.cache: Rows = make_rows(drafter, rows, max_len, slack=max(max_gamma, grown) + 2)
         self.max_len = self.cache.max_len
@@ -102,7 +106,7 @@ class EagleProposer:
                                   [sampling[i] for i in chains], [generators[i] for i in chains], self._stats,
                                   vocab_size=self.vocab_size, features=[self.features[r].to(torch.float32) for r in sub],
                                   shapes=None if shapes is None else [shapes[i] for i in chains],
-                                  head_ids=self.drafter.head_ids)
+                                  head_ids=self.drafter.head_ids, confidence=self.confidence)
             for i, r, n, p in zip(chains, sub, drafted.fed, drafted.proposals):
                 self.fed[r] = min(n, len(self.tokens[r]))  # the pending pairs; the rest were drafting steps
                 out[i] = p
