@@ -145,6 +145,25 @@ def test_eagle_confidence_stop_ends_a_chain_after_an_unsure_token_and_keeps_gree
         EagleProposer(eagle, 64, wide_target.vocab_size, confidence=1.5)
 
 
+def test_eagle_strategies_stop_at_half_confidence_unless_the_flag_says_otherwise(wide_target, eagle, tmp_path):
+    from pathlib import Path
+
+    from verispec.models.load import LoadedModel
+    from verispec.strategies import EAGLE_CONFIDENCE, StrategyOptions, make_proposer
+
+    eagle.save(tmp_path / "d")
+    target = LoadedModel(wide_target, None, Path("/t"), "t")
+
+    def confidence(name: str, flag: float | None) -> float:
+        proposer = make_proposer(name, target, None, 64, StrategyOptions(drafter=(str(tmp_path / "d"),),
+                                                                        draft_confidence=flag))
+        return (proposer.draft if isinstance(proposer, DraftNgramProposer) else proposer).confidence
+
+    assert EAGLE_CONFIDENCE == 0.5
+    for name in ("eagle", "eagle+ngram"):
+        assert (confidence(name, None), confidence(name, 0.0), confidence(name, 0.8)) == (0.5, 0.0, 0.8)
+
+
 @pytest.mark.parametrize("gamma", [2, 4])
 def test_eagle_ngram_greedy_equals_plain_decoding_and_catches_up(wide_target, eagle, gamma):
     """`eagle+ngram`: prompt lookup where the suffix repeats, the drafter elsewhere; both kinds of round happen,
