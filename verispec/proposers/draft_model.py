@@ -60,6 +60,13 @@ def checked_window(window: int | None) -> int | None:
     return window
 
 
+def checked_confidence(confidence: float) -> float:
+    """A confidence stop (see draft_steps) as given, or ValueError where it is no probability."""
+    if not 0.0 <= confidence <= 1.0:
+        raise ValueError(f"draft confidence must be in [0, 1], got {confidence}")
+    return confidence
+
+
 def draft_context(tokens: list[int], window: int | None) -> list[int]:
     """What a draft reads of a prompt: all of it, or (window set and the prompt longer) its first SINKS tokens and
     its last `window`. The draft's guesses may get worse, never the output: verification uses the q it gave.
@@ -156,9 +163,7 @@ class DraftModelProposer:
         less than this probability (0: always draft the gamma asked for), see draft_steps; context: the draft
         reads only the first SINKS and the last `context` tokens of a longer prompt (None: all of it), which
         bounds its prefill (draft_context)."""
-        if not 0.0 <= confidence <= 1.0:
-            raise ValueError(f"draft confidence must be in [0, 1], got {confidence}")
-        self.confidence, self.context = confidence, checked_window(context)
+        self.confidence, self.context = checked_confidence(confidence), checked_window(context)
         self.model = model
         self.vocab_size = vocab_size or model.vocab_size  # the target's; embedding tables may be padded
         self.cache = make_rows(model, rows, max_len, slack=max_gamma + 2)

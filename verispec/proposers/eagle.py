@@ -30,7 +30,7 @@ from torch import Tensor
 from verispec.batch import Rows, make_rows
 from verispec.models.eagle import EagleDrafter
 from verispec.proposers.base import Outcome, Proposal, ProposerStats, charge, each_hidden
-from verispec.proposers.draft_model import draft_steps, to_vocab
+from verispec.proposers.draft_model import checked_confidence, draft_steps, to_vocab
 from verispec.proposers.tree import depth_tree, path_to
 from verispec.sampling import SamplingParams, Shaper
 
@@ -67,9 +67,8 @@ class EagleProposer:
                  max_gamma: int = 16, tree: DynamicTree | None = None, confidence: float = 0.0) -> None:
         """confidence: a chain stops after a token the drafter gave less than this probability (0: never), so a
         deep gamma costs verification rows only where the drafter is sure; trees ignore it."""
-        if not 0.0 <= confidence <= 1.0:
-            raise ValueError(f"draft confidence must be in [0, 1], got {confidence}")
-        self.drafter, self.vocab_size, self.tree, self.confidence = drafter, vocab_size, tree, confidence
+        self.drafter, self.vocab_size, self.tree = drafter, vocab_size, tree
+        self.confidence = checked_confidence(confidence)
         grown = 0 if tree is None else tree.top_k * (tree.depth - 1)  # slots a tree's growing writes past pending
         self.cache: Rows = make_rows(drafter, rows, max_len, slack=max(max_gamma, grown) + 2)
         self.max_len = self.cache.max_len
