@@ -88,10 +88,14 @@ class Size:
 def _draft(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions,
            confidence: float = 0.0) -> DraftModelProposer:
     assert draft is not None
-    if options.draft_confidence is not None:
-        confidence = options.draft_confidence
-    return DraftModelProposer(draft.model, size.max_len, vocab_size=target.model.vocab_size, confidence=confidence,
-                              rows=size.rows, max_gamma=size.max_gamma, context=_draft_window(options))
+    return DraftModelProposer(draft.model, size.max_len, vocab_size=target.model.vocab_size,
+                              confidence=_confidence(options, confidence), rows=size.rows, max_gamma=size.max_gamma,
+                              context=_draft_window(options))
+
+
+def _confidence(options: StrategyOptions, default: float) -> float:
+    """A chain's confidence stop: --draft-confidence, else the strategy's default."""
+    return default if options.draft_confidence is None else options.draft_confidence
 
 
 def _draft_window(options: StrategyOptions) -> int | None:
@@ -210,7 +214,7 @@ def _eagle(target: LoadedModel, draft: LoadedModel | None, size: Size, options: 
     drafter = load_drafter(drafter_dir(options, "eagle")[0], model, quantize_kind="w4a8-4bit" if _w4a8(model) else None)
     tree = None if options.eagle_tree is None else DynamicTree(*options.eagle_tree)
     return EagleProposer(drafter, size.max_len, model.vocab_size, rows=size.rows, max_gamma=size.max_gamma, tree=tree,
-                         confidence=EAGLE_CONFIDENCE if options.draft_confidence is None else options.draft_confidence)
+                         confidence=_confidence(options, EAGLE_CONFIDENCE))
 
 
 def _eagle_ngram(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
