@@ -115,3 +115,51 @@ def test_a_bad_config_is_one_line(pair, capsys, tmp_path):  # noqa: F811
         assert code == 2 and needle in err and "Traceback" not in err, err
     code, _, err = run_inline(capsys, "generate", "x", "--config", str(tmp_path / "missing.json"))
     assert code == 2 and "cannot read the config" in err
+
+
+def test_a_config_that_chose_a_drafter_names_it(pair, capsys, tmp_path, monkeypatch):  # noqa: F811
+    """A config that chose `eagle+ngram` keeps the flags that strategy read (its drafter, as an absolute path; its
+    confidence stop), so `generate --config` runs it with nothing else given; a --strategy beside the config that
+    reads no drafter runs without it, and a --drafter beside it replaces the config's."""
+    import shutil
+
+    import verispec.tune as tune_lib
+    from verispec.cli.tune import _default_strategies
+
+    target, _ = pair
+    drafter = tmp_path / "drafter"
+    code, _, err = run_inline(capsys, "train-drafter", "--target", str(target), "--dtype", "float32", "--out",
+                              str(drafter), "--tokens", "2048", "--seq-len", "32", "--batch", "2", "--budget", "1s")
+    assert code == 0, err
+    assert _default_strategies([str(drafter)]).split(",")[-2:] == ["eagle", "eagle+ngram"]
+    # an untrained drafter may lose to plain decoding: the choice itself is test_measure's; here, what is written
+    monkeypatch.setattr(tune_lib, "best", lambda measured: next(m for m in measured if m.strategy != "ar"))
+    out = tmp_path / "tuned.json"
+    monkeypatch.chdir(tmp_path)
+    code, stdout, err = run_inline(capsys, "tune", "--target", str(target), "--dtype", "float32", "--strategies",
+                                   "eagle+ngram", "--drafter", "drafter", "--draft-confidence", "0.3", "--gamma", "3",
+                                   "--prompts", "suite", "--categories", "code_completion", "--max-new-tokens", "12",
+                                   "--out", str(out))
+    assert code == 0, err
+    data = json.loads(out.read_text())
+    assert data["strategy"] == "eagle+ngram"
+    assert data["options"] == {"drafter": [str(drafter.resolve())], "draft_confidence": 0.3}
+    monkeypatch.chdir(Path(__file__).parent)  # the drafter's path must not depend on where the config is used
+    prompt = ["def x ( a ) :", "--max-new-tokens", "16", "--json"]
+    code, stdout, err = run_inline(capsys, "generate", *prompt, "--config", str(out))
+    assert code == 0, err
+    tuned = json.loads(stdout)
+    assert tuned["strategy"] == "eagle+ngram"
+    code, stdout, err = run_inline(capsys, "generate", *prompt, "--config", str(out), "--strategy", "ar")
+    assert code == 0, err  # the config's drafter is not refused beside a strategy that reads none
+    assert json.loads(stdout)["token_ids"] == tuned["token_ids"]
+    moved = tmp_path / "moved"
+    shutil.move(drafter, moved)
+    code, _, err = run_inline(capsys, "generate", *prompt, "--config", str(out))
+    assert code == 2 and "drafter" in err and "Traceback" not in err
+    code, stdout, err = run_inline(capsys, "generate", *prompt, "--config", str(out), "--drafter", str(moved))
+    assert code == 0, err  # the command line's drafter replaces the config's, not joins it
+    assert json.loads(stdout)["token_ids"] == tuned["token_ids"]
+    out.write_text(json.dumps({**data, "options": ["drafter"]}))
+    code, _, err = run_inline(capsys, "generate", *prompt, "--config", str(out))
+    assert code == 2 and "options" in err and len(err.strip().splitlines()) == 1

@@ -23,6 +23,8 @@ from verispec.theory import VerifyCost, predicted_speedup
 CONFIG_VERSION = 1
 # keys of a config file that a command's options take (bench reads strategy and gamma as its lists)
 CONFIG_KEYS = ("target", "draft", "dtype", "draft_dtype", "strategy", "gamma", "drift_baseline")
+# a config's "options": the chosen strategy's own flags as tune was given them, by their option names (drafter,
+# eagle_tree, draft_confidence, ...), so that a config choosing `eagle+ngram` names its drafter
 
 
 @dataclass(frozen=True)
@@ -145,9 +147,9 @@ def table(measured: Sequence[Measured], cost_of: Callable[[str], VerifyCost]) ->
 
 
 def config_dict(chosen: Measured, models: dict[str, Any], measured: Sequence[Measured], prompts: int,
-                machine: str) -> dict[str, Any]:
-    """What `--config` reads (the CONFIG_KEYS: models' target and draft, the chosen candidate's precisions), and
-    how it was chosen."""
+                machine: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What `--config` reads (the CONFIG_KEYS: models' target and draft, the chosen candidate's precisions; the
+    `options` of its strategy), and how it was chosen."""
     return {
         "verispec_config": CONFIG_VERSION,
         "target": models["target"], "draft": models["draft"],
@@ -156,6 +158,7 @@ def config_dict(chosen: Measured, models: dict[str, Any], measured: Sequence[Mea
         "gamma": chosen.gamma or None,
         # what `serve --config` judges acceptance drift against (verispec.server.drift)
         "drift_baseline": {chosen.strategy: round(chosen.alpha, 4)} if chosen.alpha is not None else None,
+        "options": options or None,
         "chosen": {"tokens_per_s": round(chosen.tokens_per_s, 3), "prompts": prompts, "machine": machine,
                    "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
         "measured": [{**{k: v for k, v in asdict(m).items() if k != "c"}, "tokens_per_s": round(m.tokens_per_s, 3),
@@ -164,8 +167,8 @@ def config_dict(chosen: Measured, models: dict[str, Any], measured: Sequence[Mea
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
-    """The option values a config file sets (CONFIG_KEYS that are not null). Raises ValueError for a file that is
-    not one."""
+    """The option values a config file sets (CONFIG_KEYS that are not null, then its strategy's "options"). Raises
+    ValueError for a file that is not one."""
     try:
         data = json.loads(Path(path).read_text())
     except OSError as e:
@@ -174,4 +177,8 @@ def read_config(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"the config {path} is not JSON: {e}") from None
     if not isinstance(data, dict) or data.get("verispec_config") != CONFIG_VERSION:
         raise ValueError(f"{path} is not a verispec config (written by `verispec tune`)")
-    return {k: data[k] for k in CONFIG_KEYS if data.get(k) is not None}
+    options = data.get("options") or {}
+    if not isinstance(options, dict):
+        raise ValueError(f"the config {path}: \"options\" must be an object of option names and values")
+    return {**{k: data[k] for k in CONFIG_KEYS if data.get(k) is not None},
+            **{k: v for k, v in options.items() if v is not None and k not in CONFIG_KEYS}}

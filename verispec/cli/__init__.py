@@ -50,9 +50,22 @@ def with_config(parser: Parser, argv: list[str] | None, args):
             values["strategies"] = f"ar,{strategy}" if strategy != "ar" else "ar"
         if gamma is not None:
             values["gamma"] = str(gamma)
+    from verispec.cli.options import STRATEGY_FLAGS, option_dest
+
+    # the tuned strategy's own flags (its drafter, say) unless the command line gives them (an appended --drafter
+    # would otherwise join the config's)
+    given = {option_dest(f) for f in STRATEGY_FLAGS if getattr(args, option_dest(f), None) is not None}
     command = parser.commands[args.command]
-    command.set_defaults(**{k: v for k, v in values.items() if hasattr(args, k)})
-    return parser.parse_args(argv)
+    command.set_defaults(**{k: v for k, v in values.items() if hasattr(args, k) and k not in given})
+    final = parser.parse_args(argv)
+    # and only where a strategy that reads them runs: a --strategy beside the config may name another, and a flag
+    # that no strategy of the run reads is refused
+    names = set(final.strategies.split(",") if args.command == "bench" else [getattr(final, "strategy", "")])
+    for flag, (_, readers) in STRATEGY_FLAGS.items():
+        dest = option_dest(flag)
+        if dest in values and dest not in given and not names & set(readers):
+            setattr(final, dest, None)
+    return final
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ __all__ = [
     "DTYPE_CHOICES", "STRATEGY_FLAGS", "add_config_option", "add_gamma_argument", "add_model_options",
     "add_strategy_argument",
     "add_strategy_options", "announce_defaults", "draft_dtype_of", "draft_vocab_of", "gamma_of", "load_draft",
-    "load_models", "load_target", "resolve_dtype",
+    "load_models", "load_target", "option_dest", "resolve_dtype",
     "strategy_help", "strategy_options",
 ]
 
@@ -39,6 +39,11 @@ STRATEGY_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "--medusa-tree": ("medusa_tree", ("medusa",)),
     "--eagle-tree": ("eagle_tree", ("eagle", "eagle+ngram")),
 }
+
+
+def option_dest(flag: str) -> str:
+    """The argparse name of a strategy flag: --draft-confidence -> draft_confidence."""
+    return flag[2:].replace("-", "_")
 
 
 def strategy_help() -> str:
@@ -209,7 +214,7 @@ def _names(strategies: tuple[str, ...] | list[str]) -> str:
 def strategy_options(args: argparse.Namespace, strategies: list[str]) -> StrategyOptions:
     """The StrategyOptions the flags ask for, for a run of `strategies`; fail on a flag none of them reads or on
     a value out of range. Flags not given keep StrategyOptions' defaults."""
-    given = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in STRATEGY_FLAGS}
+    given = {flag: getattr(args, option_dest(flag)) for flag in STRATEGY_FLAGS}
     given = {flag: v for flag, v in given.items() if v is not None}
     for flag in given:
         readers = STRATEGY_FLAGS[flag][1]

@@ -10,11 +10,13 @@ from pathlib import Path
 
 from verispec.cli.common import comma_list, duration, fail, finite, int_list
 from verispec.cli.options import (
-    DTYPE_CHOICES, add_model_options, add_strategy_options, draft_dtype_of, load_draft, load_target, resolve_dtype,
-    strategy_options,
+    DTYPE_CHOICES, STRATEGY_FLAGS, add_model_options, add_strategy_options, draft_dtype_of, load_draft, load_target,
+    option_dest, resolve_dtype, strategy_options,
 )
 
 DEFAULT_STRATEGIES = "draft,draft+ngram,ngram,auto,tree"
+# tried besides where --drafter gives a drafter of the kind
+DRAFTER_STRATEGIES = {"eagle": "eagle,eagle+ngram", "medusa": "medusa"}
 
 
 def add_parser(sub, default_target: str, default_draft: str) -> None:
@@ -23,8 +25,10 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     p = sub.add_parser("tune", help="measure strategies and gammas on your prompts; write the fastest as a "
                                     "--config file for generate, bench, serve and audit")
     add_model_options(p, default_target, default_draft)
-    p.add_argument("--strategies", default=DEFAULT_STRATEGIES,
-                   help=f"comma list of: {', '.join(STRATEGIES)} (plain decoding always runs; default: %(default)s)")
+    p.add_argument("--strategies", default=None,
+                   help=f"comma list of: {', '.join(STRATEGIES)} (plain decoding always runs; default: "
+                        f"{DEFAULT_STRATEGIES}, and with --drafter also {DRAFTER_STRATEGIES['eagle']} for an EAGLE "
+                        f"drafter, {DRAFTER_STRATEGIES['medusa']} for Medusa heads)")
     p.add_argument("--gamma", default="2,4,6", help="comma list of gammas to try (default: %(default)s)")
     p.add_argument("--dtypes", default=None, help="comma list of target precisions to try (default: --dtype's)")
     p.add_argument("--draft-dtypes", default=None, help="comma list of draft precisions to try beside each target "
@@ -50,6 +54,34 @@ def _dtypes(text: str, flag: str) -> list[str]:
     return values
 
 
+def _default_strategies(drafters: list[str]) -> str:
+    """DEFAULT_STRATEGIES, and the strategies that run the kinds of drafter given (a directory that is not one is
+    left to the strategy's own check)."""
+    from verispec.models.files import DRAFTER_CONFIG
+
+    names = DEFAULT_STRATEGIES.split(",")
+    for d in drafters:
+        try:
+            kind = json.loads((Path(d).expanduser() / DRAFTER_CONFIG).read_text()).get("kind")
+        except (OSError, ValueError, AttributeError):
+            kind = "eagle"  # its strategies then say what is wrong with it
+        names += DRAFTER_STRATEGIES.get(kind, "").split(",")
+    return ",".join(dict.fromkeys(n for n in names if n))
+
+
+def _options_of(args: argparse.Namespace, strategy: str) -> dict:
+    """The flags given that `strategy` reads, by option name, for the config: --drafter as absolute paths, so that
+    the config works from any directory."""
+    options = {}
+    for flag, (_, readers) in STRATEGY_FLAGS.items():
+        value = getattr(args, option_dest(flag))
+        if value is not None and strategy in readers:
+            options[option_dest(flag)] = value
+    if "drafter" in options:
+        options["drafter"] = [str(Path(d).expanduser().resolve()) for d in options["drafter"]]
+    return options
+
+
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -64,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     from verispec.theory import interpolate_cost
     from verispec.tune import best, candidates, config_dict, measure, table
 
-    strategies = comma_list(args.strategies, lambda s: get(s).name, "--strategies")
+    strategies = comma_list(args.strategies or _default_strategies(args.drafter or []), lambda s: get(s).name,
+                            "--strategies")
     gammas = int_list(args.gamma, "--gamma")
     if args.max_new_tokens < 1:
         fail("--max-new-tokens must be at least 1")
@@ -126,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     print(table(measured, lambda d: costs[d]))
     flags = sorted(f for f in cpu_flags() if f.startswith(("avx512_vnni", "avx512_bf16", "avx_vnni", "avx2", "amx")))
     models = {"target": args.target, "draft": args.draft}
-    data = config_dict(chosen, models, measured, done, " ".join(flags))
+    data = config_dict(chosen, models, measured, done, " ".join(flags), _options_of(args, chosen.strategy))
     try:
         Path(args.out).write_text(json.dumps(data, indent=2) + "\n")
     except OSError as e:
