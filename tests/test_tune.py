@@ -150,8 +150,10 @@ def test_a_config_that_chose_a_drafter_names_it(pair, capsys, tmp_path, monkeypa
     assert code == 0, err
     tuned = json.loads(stdout)
     assert tuned["strategy"] == "eagle+ngram"
+    assert f"float32 target, eagle+ngram, gamma 3, drafter {drafter.resolve()}, from {out}" in err  # what runs
     code, stdout, err = run_inline(capsys, "generate", *prompt, "--config", str(out), "--strategy", "ar")
     assert code == 0, err  # the config's drafter is not refused beside a strategy that reads none
+    assert f"verispec: float32 target, ar, from {out}" in err
     assert json.loads(stdout)["token_ids"] == tuned["token_ids"]
     moved = tmp_path / "moved"
     shutil.move(drafter, moved)
@@ -163,3 +165,35 @@ def test_a_config_that_chose_a_drafter_names_it(pair, capsys, tmp_path, monkeypa
     out.write_text(json.dumps({**data, "options": ["drafter"]}))
     code, _, err = run_inline(capsys, "generate", *prompt, "--config", str(out))
     assert code == 2 and "options" in err and len(err.strip().splitlines()) == 1
+
+
+def test_tune_tries_the_drafter_train_drafter_left_for_the_target(pair, capsys, tmp_path, monkeypatch):  # noqa: F811
+    """Without --drafter, tune also tries the drafter `train-drafter` left at its default place for --target (a user
+    who trained one need not find its directory), and a config that chose it names it; a --strategies list that
+    runs no drafter leaves it out."""
+    import shutil
+
+    import verispec.tune as tune_lib
+
+    target, draft = pair
+    shutil.copytree(target, tmp_path / "t")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    code, _, err = run_inline(capsys, "train-drafter", "--target", "t", "--dtype", "float32", "--tokens", "2048",
+                              "--seq-len", "32", "--batch", "2", "--budget", "1s")
+    assert code == 0, err
+    drafter = tmp_path / "cache" / "drafters" / "t-eagle"
+    assert (drafter / "config.json").is_file()
+    monkeypatch.setattr(tune_lib, "best", lambda measured: next(m for m in measured if m.strategy == "eagle+ngram"))
+    common = ["tune", "--target", "t", "--draft", str(draft), "--dtype", "float32", "--gamma", "2", "--categories",
+              "code_completion", "--max-new-tokens", "8"]
+    code, _, err = run_inline(capsys, *common, "--out", "tuned.json")
+    assert code == 0, err
+    assert f"with the drafter train-drafter made for t: {drafter}" in err
+    data = json.loads((tmp_path / "tuned.json").read_text())
+    assert {m["strategy"] for m in data["measured"]} >= {"auto", "eagle", "eagle+ngram"}
+    assert data["options"]["drafter"] == [str(drafter.resolve())]
+    monkeypatch.setattr(tune_lib, "best", lambda measured: measured[0])
+    code, _, err = run_inline(capsys, *common, "--strategies", "ngram", "--out", "plain.json")
+    assert code == 0 and "train-drafter made" not in err, err
+    assert {m["strategy"] for m in json.loads((tmp_path / "plain.json").read_text())["measured"]} == {"ar", "ngram"}

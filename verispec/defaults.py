@@ -155,6 +155,12 @@ def default_verify_cost(device: str = DEFAULT_DEVICE, *, kernel_isa: str | None 
     return [(1, 1.0), (5, 1.05), (9, 1.3)]
 
 
+def describe_target(dtype: str, kernel_isa: str | None) -> str:
+    """'w4a8 target (AVX2 kernel build)': the target's precision, and the kernel build a w4a8 one runs on."""
+    build = {"avx512": "AVX-512 VNNI", "avxvnni": "AVX-VNNI", "avx2": "AVX2"}.get(kernel_isa or "", "")
+    return f"{dtype} target" + (f" ({build} kernel build)" if dtype.startswith("w4a8") and build else "")
+
+
 def describe(dtype: str, draft_dtype: str | None, strategy: str, gamma: int, kernel_isa: str | None,
              draft_vocab: int | None = None) -> str:
     """The one line a command prints when it runs on defaults it chose for this machine.
@@ -162,8 +168,7 @@ def describe(dtype: str, draft_dtype: str | None, strategy: str, gamma: int, ker
     >>> describe("w4a8", "w4a8-4bit", "draft+ngram", 4, "avx2", 65536)
     'verispec: w4a8 target (AVX2 kernel build), w4a8-4bit draft (ids < 65536), draft+ngram, gamma 4: the fastest exact configuration measured for this CPU (--dtype bfloat16 runs the GGUF dequantized)'
     """
-    build = {"avx512": "AVX-512 VNNI", "avxvnni": "AVX-VNNI", "avx2": "AVX2"}.get(kernel_isa or "", "")
-    target = f"{dtype} target" + (f" ({build} kernel build)" if dtype.startswith("w4a8") and build else "")
+    target = describe_target(dtype, kernel_isa)
     draft = f", {draft_dtype} draft" + (f" (ids < {draft_vocab})" if draft_vocab else "") if draft_dtype else ""
     return (f"verispec: {target}{draft}, {strategy}, gamma {gamma}: the fastest exact configuration measured for "
             "this CPU (--dtype bfloat16 runs the GGUF dequantized)")

@@ -10,7 +10,7 @@ from pathlib import Path
 from verispec.cli.common import fail, finite
 from verispec.cli.options import (
     add_config_option, add_gamma_argument, add_model_options, add_strategy_argument, add_strategy_options,
-    announce_defaults, draft_dtype_of, gamma_of, load_models, resolve_dtype, strategy_options,
+    announce, draft_dtype_of, gamma_of, load_models, resolve_dtype, strategy_options,
 )
 from verispec.defaults import DEFAULT_STRATEGY
 
@@ -69,8 +69,7 @@ def run(args: argparse.Namespace) -> int:
     default_threads()
     progress = sys.stderr.isatty()
     target, draft = load_models(args, [args.strategy], progress)
-    if defaulted:
-        announce_defaults(args, args.strategy, draft is not None)
+    announce(args, args.strategy, draft is not None, defaulted)
     tok = target.tokenizer
     try:
         encoded = [(p.id, tok.chat(list(p.messages)) if tok.has_chat_template else tok.encode(p.messages[-1]["content"]))

@@ -9,7 +9,7 @@ import sys
 from verispec.cli.common import fail, finite
 from verispec.cli.options import (
     add_config_option, add_gamma_argument, add_model_options, add_strategy_argument, add_strategy_options,
-    announce_defaults, gamma_of, load_models, resolve_dtype, strategy_options,
+    announce, gamma_of, load_models, resolve_dtype, strategy_options,
 )
 from verispec.defaults import DEFAULT_STRATEGY
 
@@ -124,8 +124,7 @@ def run(args: argparse.Namespace) -> int:
     default_threads()
     progress = sys.stderr.isatty()
     target, draft = load_models(args, [strategy], progress)
-    if defaulted:
-        announce_defaults(args, strategy, draft is not None)
+    announce(args, strategy, draft is not None, defaulted)
     tok = target.tokenizer
     too_big = [t for t, _ in params.penalties.logit_bias if t >= len(tok)]
     if too_big:

@@ -12,13 +12,14 @@ import sys
 
 from verispec.cli.common import fail, finite
 from verispec.defaults import (DEFAULT_DEVICE, DEFAULT_DRAFT_CONTEXT, DEFAULT_DTYPE, default_draft_dtype,
-                               default_draft_vocab, default_dtype, default_gamma, describe)
+                               default_draft_vocab, default_dtype, default_gamma, describe,
+                               describe_target)
 from verispec.strategies import STRATEGIES, StrategyOptions, check_options, get
 
 __all__ = [
     "DTYPE_CHOICES", "STRATEGY_FLAGS", "add_config_option", "add_gamma_argument", "add_model_options",
     "add_strategy_argument",
-    "add_strategy_options", "announce_defaults", "draft_dtype_of", "draft_vocab_of", "gamma_of", "load_draft",
+    "add_strategy_options", "announce", "draft_dtype_of", "draft_vocab_of", "gamma_of", "load_draft",
     "load_models", "load_target", "option_dest", "resolve_dtype",
     "strategy_help", "strategy_options",
 ]
@@ -99,10 +100,19 @@ def _kernel_isa_of(args: argparse.Namespace) -> str | None:
         return None
 
 
-def announce_defaults(args: argparse.Namespace, strategy: str, needs_draft: bool) -> None:
-    """One line on stderr saying which configuration the machine's defaults chose."""
-    print(describe(args.dtype, draft_dtype_of(args) if needs_draft else None, strategy, gamma_of(args),
-                   _kernel_isa_of(args), draft_vocab_of(args) if needs_draft else None), file=sys.stderr)
+def announce(args: argparse.Namespace, strategy: str, needs_draft: bool, defaulted: bool) -> None:
+    """One line on stderr saying what runs where the command line did not spell it out: the configuration the
+    machine's defaults chose (`defaulted`), or the one a --config file (verispec tune) set."""
+    if defaulted:
+        print(describe(args.dtype, draft_dtype_of(args) if needs_draft else None, strategy, gamma_of(args),
+                       _kernel_isa_of(args), draft_vocab_of(args) if needs_draft else None), file=sys.stderr)
+    elif getattr(args, "config", None):
+        drafters = getattr(args, "drafter", None) if strategy in STRATEGY_FLAGS["--drafter"][1] else None
+        parts = [describe_target(args.dtype, _kernel_isa_of(args)), f"{draft_dtype_of(args)} draft" if needs_draft else "", strategy,
+                 f"gamma {gamma_of(args)}" if strategy != "ar" else "",
+                 f"drafter {', '.join(drafters)}" if drafters else ""]
+        print(f"verispec: {', '.join(p for p in parts if p)}, from {args.config} (flags beside it win)",
+              file=sys.stderr)
 
 
 def gamma_of(args: argparse.Namespace) -> int:

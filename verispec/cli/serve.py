@@ -7,7 +7,7 @@ import argparse
 from verispec.cli.common import fail, finite
 from verispec.cli.options import (
     add_config_option, add_gamma_argument, add_model_options, add_strategy_argument, add_strategy_options,
-    announce_defaults, gamma_of, load_models, resolve_dtype, strategy_options,
+    announce, gamma_of, load_models, resolve_dtype, strategy_options,
 )
 from verispec.defaults import DEFAULT_STRATEGY
 
@@ -135,8 +135,7 @@ def run(args: argparse.Namespace) -> int:
 
     def load() -> Models:
         target, draft = load_models(args, [args.strategy], progress=False)
-        if defaulted:
-            announce_defaults(args, args.strategy, draft is not None)
+        announce(args, args.strategy, draft is not None, defaulted)
         return Models(target, draft)
 
     def on_load_failure(error: BaseException) -> None:
@@ -182,8 +181,7 @@ def _run_ray(args: argparse.Namespace, settings, defaulted: bool) -> int:
             resolve(args.draft, progress=True)
     except ModelError as e:
         fail(str(e))
-    if defaulted:
-        announce_defaults(args, args.strategy, needs_draft)
+    announce(args, args.strategy, needs_draft, defaulted)
     n = f"{options.min_replicas}-{options.max_replicas}" if options.max_replicas else str(options.replicas)
     print(f"verispec: starting {n} replica(s) on Ray Serve (each loads the models)...", file=sys.stderr)
     try:

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from verispec.models.llama import LlamaModel
     from verispec.models.medusa import MedusaConfig, MedusaHeads, load_heads
     from verispec.models.load import default_threads, load
-    from verispec.models.files import DRAFTER_CONFIG, cache_dir, drafter_config
+    from verispec.models.files import DRAFTER_CONFIG, default_drafter_dir, drafter_config
     from verispec.train_drafter import (
         TrainSettings, answer_features, cache_features, chat_requests, chunks, code_requests, log_stderr,
         frequent_ids, stdlib_texts, suite_texts, target_block, target_head, train,
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
              f"{type(target.model).__name__}")
     model = target.model
     model.requires_grad_(False)
-    out = Path(args.out).expanduser() if args.out else cache_dir() / "drafters" / f"{target.name}-{args.kind}"
+    out = Path(args.out).expanduser() if args.out else default_drafter_dir(target.name, args.kind)
     features = Path(args.features).expanduser() if args.features else out / "features"
     resume = (out / DRAFTER_CONFIG).is_file() and (out / "train-state.pt").is_file()
     if not resume and args.init == "last-block" and args.intermediate > model.cfg.intermediate_size:

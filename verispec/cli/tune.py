@@ -28,7 +28,8 @@ def add_parser(sub, default_target: str, default_draft: str) -> None:
     p.add_argument("--strategies", default=None,
                    help=f"comma list of: {', '.join(STRATEGIES)} (plain decoding always runs; default: "
                         f"{DEFAULT_STRATEGIES}, and with --drafter also {DRAFTER_STRATEGIES['eagle']} for an EAGLE "
-                        f"drafter, {DRAFTER_STRATEGIES['medusa']} for Medusa heads)")
+                        f"drafter, {DRAFTER_STRATEGIES['medusa']} for Medusa heads; without --drafter, those "
+                        "train-drafter made for --target where it puts them by default)")
     p.add_argument("--gamma", default="2,4,6", help="comma list of gammas to try (default: %(default)s)")
     p.add_argument("--dtypes", default=None, help="comma list of target precisions to try (default: --dtype's)")
     p.add_argument("--draft-dtypes", default=None, help="comma list of draft precisions to try beside each target "
@@ -91,11 +92,18 @@ def run(args: argparse.Namespace) -> int:
     from verispec.bench.runner import VerispecBackend
     from verispec.bench.suite import load_prompts
     from verispec.models.kernels import cpu_flags
+    from verispec.models.files import trained_drafters
     from verispec.models.load import LoadedModel, default_threads
     from verispec.strategies import get
     from verispec.theory import interpolate_cost
     from verispec.tune import best, candidates, config_dict, measure, table
 
+    readers = STRATEGY_FLAGS["--drafter"][1]
+    if args.drafter is None and (args.strategies is None or set(args.strategies.split(",")) & set(readers)):
+        found = trained_drafters(args.target)  # what train-drafter made for this target, at its default place
+        if found:
+            args.drafter = found
+            print(f"tune: with the drafter train-drafter made for {args.target}: {', '.join(found)}", file=sys.stderr)
     strategies = comma_list(args.strategies or _default_strategies(args.drafter or []), lambda s: get(s).name,
                             "--strategies")
     gammas = int_list(args.gamma, "--gamma")

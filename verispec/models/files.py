@@ -128,6 +128,19 @@ def write_safetensors(path: Path, tensors: dict) -> None:
 DRAFTER_CONFIG, DRAFTER_WEIGHTS = "config.json", "model.safetensors"  # a drafter directory's two files
 
 
+def default_drafter_dir(target: str, kind: str) -> Path:
+    """Where `train-drafter` puts a `kind` drafter for `target` (as given to --target) when no --out says, and where
+    `tune` looks for one."""
+    return cache_dir() / "drafters" / f"{target}-{kind}"
+
+
+def trained_drafters(target: str) -> list[str]:
+    """The drafter directories at their default places for `target` that hold weights (a run cut off after its first
+    checkpoint counts: any drafter is exact, a weak one only slower)."""
+    found = [default_drafter_dir(target, kind) for kind in ("eagle", "medusa")]
+    return [str(d) for d in found if (d / DRAFTER_CONFIG).is_file() and (d / DRAFTER_WEIGHTS).is_file()]
+
+
 def save_drafter(directory: Path, weights: dict, config: dict) -> None:
     """A drafter directory (EAGLE, Medusa): its weights (written atomically) and config."""
     import json
