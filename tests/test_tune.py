@@ -167,10 +167,10 @@ def test_a_config_that_chose_a_drafter_names_it(pair, capsys, tmp_path, monkeypa
     assert code == 2 and "options" in err and len(err.strip().splitlines()) == 1
 
 
-def test_tune_tries_the_drafter_train_drafter_left_for_the_target(pair, capsys, tmp_path, monkeypatch):  # noqa: F811
+def test_commands_find_the_drafter_train_drafter_left_for_the_target(pair, capsys, tmp_path, monkeypatch):  # noqa: F811
     """Without --drafter, tune also tries the drafter `train-drafter` left at its default place for --target (a user
     who trained one need not find its directory), and a config that chose it names it; a --strategies list that
-    runs no drafter leaves it out."""
+    runs no drafter leaves it out; generate finds it as tune does."""
     import shutil
 
     import verispec.tune as tune_lib
@@ -189,7 +189,7 @@ def test_tune_tries_the_drafter_train_drafter_left_for_the_target(pair, capsys, 
               "code_completion", "--max-new-tokens", "8"]
     code, _, err = run_inline(capsys, *common, "--out", "tuned.json")
     assert code == 0, err
-    assert f"with the drafter train-drafter made for t: {drafter}" in err
+    assert f"the drafter train-drafter made for t: {drafter}" in err
     data = json.loads((tmp_path / "tuned.json").read_text())
     assert {m["strategy"] for m in data["measured"]} >= {"auto", "eagle", "eagle+ngram"}
     assert data["options"]["drafter"] == [str(drafter.resolve())]
@@ -197,3 +197,7 @@ def test_tune_tries_the_drafter_train_drafter_left_for_the_target(pair, capsys, 
     code, _, err = run_inline(capsys, *common, "--strategies", "ngram", "--out", "plain.json")
     assert code == 0 and "train-drafter made" not in err, err
     assert {m["strategy"] for m in json.loads((tmp_path / "plain.json").read_text())["measured"]} == {"ar", "ngram"}
+    code, stdout, err = run_inline(capsys, "generate", "def x ( a ) :", "--target", "t", "--dtype", "float32",
+                                   "--strategy", "eagle+ngram", "--max-new-tokens", "8", "--json")
+    assert code == 0 and f"train-drafter made for t: {drafter}" in err, err  # generate finds it too
+    assert json.loads(stdout)["strategy"] == "eagle+ngram"

@@ -19,7 +19,7 @@ from verispec.strategies import STRATEGIES, StrategyOptions, check_options, get
 __all__ = [
     "DTYPE_CHOICES", "STRATEGY_FLAGS", "add_config_option", "add_gamma_argument", "add_model_options",
     "add_strategy_argument",
-    "add_strategy_options", "announce", "draft_dtype_of", "draft_vocab_of", "gamma_of", "load_draft",
+    "add_strategy_options", "announce", "find_drafters", "draft_dtype_of", "draft_vocab_of", "gamma_of", "load_draft",
     "load_models", "load_target", "option_dest", "resolve_dtype",
     "strategy_help", "strategy_options",
 ]
@@ -221,9 +221,25 @@ def _names(strategies: tuple[str, ...] | list[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
+def find_drafters(args: argparse.Namespace, strategies: list[str] | None) -> None:
+    """Without --drafter, where a strategy of the run reads one (None: the run's strategies are not chosen yet), the
+    drafters `train-drafter` left at their default place for --target, said in one line."""
+    from verispec.models.files import trained_drafters
+
+    readers = STRATEGY_FLAGS["--drafter"][1]
+    if getattr(args, "drafter", None) is not None or (strategies is not None and not set(strategies) & set(readers)):
+        return
+    found = trained_drafters(args.target)
+    if found:
+        args.drafter = found
+        print(f"verispec: the drafter train-drafter made for {args.target}: {', '.join(found)}", file=sys.stderr)
+
+
 def strategy_options(args: argparse.Namespace, strategies: list[str]) -> StrategyOptions:
     """The StrategyOptions the flags ask for, for a run of `strategies`; fail on a flag none of them reads or on
-    a value out of range. Flags not given keep StrategyOptions' defaults."""
+    a value out of range. Flags not given keep StrategyOptions' defaults; a drafter not given is looked for where
+    `train-drafter` puts one (find_drafters)."""
+    find_drafters(args, strategies)
     given = {flag: getattr(args, option_dest(flag)) for flag in STRATEGY_FLAGS}
     given = {flag: v for flag, v in given.items() if v is not None}
     for flag in given:

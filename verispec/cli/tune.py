@@ -10,8 +10,8 @@ from pathlib import Path
 
 from verispec.cli.common import comma_list, duration, fail, finite, int_list
 from verispec.cli.options import (
-    DTYPE_CHOICES, STRATEGY_FLAGS, add_model_options, add_strategy_options, draft_dtype_of, load_draft, load_target,
-    option_dest, resolve_dtype, strategy_options,
+    DTYPE_CHOICES, STRATEGY_FLAGS, add_model_options, add_strategy_options, draft_dtype_of, find_drafters, load_draft,
+    load_target, option_dest, resolve_dtype, strategy_options,
 )
 
 DEFAULT_STRATEGIES = "draft,draft+ngram,ngram,auto,tree"
@@ -92,18 +92,12 @@ def run(args: argparse.Namespace) -> int:
     from verispec.bench.runner import VerispecBackend
     from verispec.bench.suite import load_prompts
     from verispec.models.kernels import cpu_flags
-    from verispec.models.files import trained_drafters
     from verispec.models.load import LoadedModel, default_threads
     from verispec.strategies import get
     from verispec.theory import interpolate_cost
     from verispec.tune import best, candidates, config_dict, measure, table
 
-    readers = STRATEGY_FLAGS["--drafter"][1]
-    if args.drafter is None and (args.strategies is None or set(args.strategies.split(",")) & set(readers)):
-        found = trained_drafters(args.target)  # what train-drafter made for this target, at its default place
-        if found:
-            args.drafter = found
-            print(f"tune: with the drafter train-drafter made for {args.target}: {', '.join(found)}", file=sys.stderr)
+    find_drafters(args, args.strategies.split(",") if args.strategies else None)  # its strategies join the default list
     strategies = comma_list(args.strategies or _default_strategies(args.drafter or []), lambda s: get(s).name,
                             "--strategies")
     gammas = int_list(args.gamma, "--gamma")
