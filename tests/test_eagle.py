@@ -145,7 +145,7 @@ def test_eagle_confidence_stop_ends_a_chain_after_an_unsure_token_and_keeps_gree
         EagleProposer(eagle, 64, wide_target.vocab_size, confidence=1.5)
 
 
-def test_eagle_strategies_stop_at_half_confidence_unless_the_flag_says_otherwise(wide_target, eagle, tmp_path):
+def test_eagle_strategies_stop_at_their_default_confidence_unless_the_flag_says_otherwise(wide_target, eagle, tmp_path):
     from pathlib import Path
 
     from verispec.models.load import LoadedModel
@@ -159,9 +159,9 @@ def test_eagle_strategies_stop_at_half_confidence_unless_the_flag_says_otherwise
                                                                         draft_confidence=flag))
         return (proposer.draft if isinstance(proposer, DraftNgramProposer) else proposer).confidence
 
-    assert EAGLE_CONFIDENCE == 0.5
+    assert EAGLE_CONFIDENCE == 0.7
     for name in ("eagle", "eagle+ngram"):
-        assert (confidence(name, None), confidence(name, 0.0), confidence(name, 0.8)) == (0.5, 0.0, 0.8)
+        assert (confidence(name, None), confidence(name, 0.0), confidence(name, 0.5)) == (0.7, 0.0, 0.5)
 
 
 @pytest.mark.parametrize("gamma", [2, 4])

@@ -61,11 +61,13 @@ ADAPTIVE_CONFIDENCE = 0.3  # adaptive's default confidence stop
 # +3-5% and code -2-0% (AVX-512 build, two runs), prose +3%, code 0% (AVX2 build); T = 0.7 prose +7%, code +4%
 # (benchmarks/results/2026-11-28-epyc-auto-confidence). The length drafted depends on the draft alone: lossless.
 AUTO_CONFIDENCE = 0.5
-# eagle's and eagle+ngram's chains stop the same way. With the γ cap the CLI gives (6 on the AVX-512 build) against
-# γ = 2 without a stop, in one run on a Zen 5 (benchmarks/results/2026-12-07-zen5-avx512-eagle-6x-data, decode tok/s):
-# code and maths 1.74x against 1.55x plain decoding, all nine categories 1.36x against 1.32x greedy, 1.30x against
-# 1.28x at T = 0.7.
-EAGLE_CONFIDENCE = 0.5
+# eagle's and eagle+ngram's chains stop the same way, after a guess below 0.7. A stop at 0.5 with the γ cap the CLI
+# gives (6 on the AVX-512 build) against γ = 2 without one, on a Zen 5 (benchmarks/results/2026-12-07-zen5-avx512-
+# eagle-6x-data, decode tok/s): code and maths 1.74x against 1.55x plain decoding, all nine categories 1.36x against
+# 1.32x. Then 0.7 against 0.5, all nine categories, five interleaved runs (benchmarks/results/2026-12-07-zen5-eagle-
+# stop-0.7): +2.3% greedy and +1.6% at T = 0.7 with the AVX-512 build, +4.6%, +6.2% and +5.5% with the AVX2 one,
+# where a verified row costs more.
+EAGLE_CONFIDENCE = 0.7
 
 
 @dataclass(frozen=True)

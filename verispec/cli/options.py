@@ -171,7 +171,7 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-confidence", type=finite, default=None,
                    help="draft, adaptive, draft+ngram, auto, eagle, eagle+ngram: stop drafting after a token the draft "
                         "(or the EAGLE drafter's chain) gave less than this probability (default: 0, 0.3 for adaptive, "
-                        "0.5 for auto, eagle and eagle+ngram)")
+                        "0.5 for auto, 0.7 for eagle and eagle+ngram)")
     p.add_argument("--draft-context", type=int, default=None, metavar="N",
                    help="draft, adaptive, draft+ngram, auto: the draft model reads only the first 4 and the last N "
                         "tokens of a longer prompt, which bounds its own prefill; lossless; 0: the whole prompt "
