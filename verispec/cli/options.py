@@ -19,8 +19,8 @@ from verispec.strategies import STRATEGIES, StrategyOptions, check_options, get
 __all__ = [
     "DTYPE_CHOICES", "STRATEGY_FLAGS", "add_config_option", "add_gamma_argument", "add_model_options",
     "add_strategy_argument",
-    "add_strategy_options", "announce", "find_drafters", "draft_dtype_of", "draft_vocab_of", "gamma_of", "load_draft",
-    "load_models", "load_target", "option_dest", "resolve_dtype",
+    "add_strategy_options", "announce", "draft_dtype_of", "draft_vocab_of", "find_drafters", "gamma_of",
+    "load_draft", "load_models", "load_target", "option_dest", "resolve_dtype",
     "strategy_help", "strategy_options",
 ]
 
@@ -108,7 +108,8 @@ def announce(args: argparse.Namespace, strategy: str, needs_draft: bool, default
                        _kernel_isa_of(args), draft_vocab_of(args) if needs_draft else None), file=sys.stderr)
     elif getattr(args, "config", None):
         drafters = getattr(args, "drafter", None) if strategy in STRATEGY_FLAGS["--drafter"][1] else None
-        parts = [describe_target(args.dtype, _kernel_isa_of(args)), f"{draft_dtype_of(args)} draft" if needs_draft else "", strategy,
+        parts = [describe_target(args.dtype, _kernel_isa_of(args)),
+                 f"{draft_dtype_of(args)} draft" if needs_draft else "", strategy,
                  f"gamma {gamma_of(args)}" if strategy != "ar" else "",
                  f"drafter {', '.join(drafters)}" if drafters else ""]
         print(f"verispec: {', '.join(p for p in parts if p)}, from {args.config} (flags beside it win)",
