@@ -130,7 +130,7 @@ DRAFTER_CONFIG, DRAFTER_WEIGHTS = "config.json", "model.safetensors"  # a drafte
 
 def default_drafter_dir(target: str, kind: str) -> Path:
     """Where `train-drafter` puts a `kind` drafter for `target` (as given to --target) when no --out says, and where
-    `tune` looks for one."""
+    the commands look for one when no --drafter says (cli.options.find_drafters)."""
     return cache_dir() / "drafters" / f"{target}-{kind}"
 
 
