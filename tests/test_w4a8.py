@@ -427,3 +427,28 @@ def test_weight_bytes_per_token_counts_every_w4a8_operand(tiny_target):
     expected += sum(p.numel() * p.element_size() for n, p in model.named_parameters() if not n.startswith("embed"))
     expected += model.embed.weight.shape[1] * model.embed.weight.element_size()
     assert weight_bytes_per_token(model) == expected
+
+
+def test_the_draft_window_default_follows_the_kernel_build(isa, tmp_path):
+    """Beside a w4a8 target the draft reads a prompt's last 64 tokens with the 256-bit builds (their slower prefill
+    makes the draft's own prefill dear) and 256 with the AVX-512 one; a non-w4a8 target and --draft-context keep
+    theirs."""
+    from verispec.defaults import AVX2_DRAFT_CONTEXT, DEFAULT_DRAFT_CONTEXT
+    from verispec.strategies import StrategyOptions, make_proposer
+
+    target_dir = make_tiny_hf_dir(tmp_path / "t", seed=0)
+    draft_dir = make_tiny_hf_dir(tmp_path / "d", seed=1, noise_from=target_dir)
+    target, draft = load(str(target_dir), dtype="w4a8", progress=False), load(str(draft_dir), progress=False)
+    plain = load(str(target_dir), progress=False)
+
+    def window(t, options: StrategyOptions = StrategyOptions()) -> int | None:
+        proposer = make_proposer("auto", t, draft, 64, options)
+        while not isinstance(proposer, DraftModelProposer):
+            proposer = proposer.draft
+        return proposer.context
+
+    assert AVX2_DRAFT_CONTEXT != DEFAULT_DRAFT_CONTEXT
+    assert window(target) == (DEFAULT_DRAFT_CONTEXT if isa == "avx512" else AVX2_DRAFT_CONTEXT)
+    assert window(plain) == DEFAULT_DRAFT_CONTEXT
+    assert window(target, StrategyOptions(draft_context=9)) == 9
+    assert window(target, StrategyOptions(draft_context=0)) is None

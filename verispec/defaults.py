@@ -7,8 +7,8 @@ that every entry point answers the same question the same way. Each default name
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_STRATEGY", "DEFAULT_DRAFT_CONTEXT", "DEFAULT_DTYPE", "DEFAULT_DEVICE", "default_dtype",
-           "default_gamma", "default_draft_dtype", "default_draft_vocab", "default_verify_cost", "describe"]
+__all__ = ["DEFAULT_STRATEGY", "DEFAULT_DRAFT_CONTEXT", "AVX2_DRAFT_CONTEXT", "DEFAULT_DTYPE", "DEFAULT_DEVICE", "default_dtype",
+           "default_draft_context", "default_gamma", "default_draft_dtype", "default_draft_vocab", "default_verify_cost", "describe"]
 
 # Prompt lookup where the last 3 tokens recur, else the draft model with its length chosen per round, down to 0
 # (a plain step) where drafting does not pay. draft+ngram at a fixed gamma was +24-28% decode tok/s over `draft`
@@ -24,6 +24,9 @@ DEFAULT_STRATEGY = "auto"
 # 0.98x); on 10 suite prompts of rag, summarization, code edit, translation and code completion 1.32x against
 # 1.31x (benchmarks/results/2026-11-25-xeon-amx-draft-context). Prompts up to 260 tokens are read whole anyway.
 DEFAULT_DRAFT_CONTEXT: int | None = 256
+# With the kernel's 256-bit builds a prefill takes longer (AVX2: ~2.5x the AVX-512 build's time for 160 tokens on a
+# Zen 5), so the draft's own prefill weighs more there: see default_draft_context.
+AVX2_DRAFT_CONTEXT = 64
 DEFAULT_DTYPE = "bfloat16"  # the target as the GGUF defines it (dequantized): the faithful one, and the fallback
 DEFAULT_DEVICE = "cpu"
 
@@ -41,6 +44,27 @@ def default_dtype(device: str = DEFAULT_DEVICE, kernel_isas: tuple[str, ...] | l
     ('w4a8', 'bfloat16', 'bfloat16')
     """
     return "w4a8" if device == "cpu" and kernel_isas else DEFAULT_DTYPE
+
+
+def default_draft_context(kernel_isa: str | None = None) -> int | None:
+    """The draft model's prompt window (its first 4 tokens and last N) when --draft-context is not given; kernel_isa:
+    the w4a8 kernel build the target runs on (None: not a w4a8 target).
+
+    DEFAULT_DRAFT_CONTEXT (256), except beside the kernel's 256-bit builds (AVX2, AVX-VNNI), whose prefill is
+    compute-bound, so that the draft's own prefill of a suite prompt (62-393 tokens with the chat template) weighs a
+    tenth of a request: AVX2_DRAFT_CONTEXT (64) there. `auto`, 128 new tokens, greedy, each build forced on a Zen 5
+    (benchmarks/results/2026-12-07-zen5-avx2build-draft-context), whole requests over our plain decoding: AVX2 build
+    1.40x / 1.43x / 1.47x / 1.46x reading 256 / 128 / 64 / 32 tokens over 9 code prompts and 1.07x / 1.11x / 1.13x
+    (256 / 128 / 64) over 18 prompts of all nine categories; AVX-VNNI build 1.11x / 1.13x (256 / 64, 18 prompts);
+    AVX-512 build 1.45x both, so it keeps 256 (its accepted length 3.15 against 2.82). The window only changes what
+    the draft reads: lossless at any size.
+
+    >>> default_draft_context("avx512"), default_draft_context("avxvnni"), default_draft_context("avx2")
+    (256, 64, 64)
+    >>> default_draft_context(None)
+    256
+    """
+    return AVX2_DRAFT_CONTEXT if kernel_isa in ("avx2", "avxvnni") else DEFAULT_DRAFT_CONTEXT
 
 
 def default_gamma(dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE, kernel_isa: str | None = None) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.defaults import DEFAULT_DRAFT_CONTEXT, default_verify_cost
+from verispec.defaults import default_draft_context, default_verify_cost
 from verispec.models.base import CausalLM, weight_bytes_per_token
 from verispec.models.kernels import kernel_isa
 from verispec.models.hf import HFCausalLM
@@ -92,7 +92,7 @@ def _draft(target: LoadedModel, draft: LoadedModel | None, size: Size, options: 
     assert draft is not None
     return DraftModelProposer(draft.model, size.max_len, vocab_size=target.model.vocab_size,
                               confidence=_confidence(options, confidence), rows=size.rows, max_gamma=size.max_gamma,
-                              context=_draft_window(options))
+                              context=_draft_window(target, options))
 
 
 def _confidence(options: StrategyOptions, default: float) -> float:
@@ -100,9 +100,12 @@ def _confidence(options: StrategyOptions, default: float) -> float:
     return default if options.draft_confidence is None else options.draft_confidence
 
 
-def _draft_window(options: StrategyOptions) -> int | None:
-    """The draft model's prompt window: --draft-context, else the default (0: the whole prompt, None)."""
-    return (DEFAULT_DRAFT_CONTEXT if options.draft_context is None else options.draft_context) or None
+def _draft_window(target: LoadedModel, options: StrategyOptions) -> int | None:
+    """The draft model's prompt window: --draft-context, else the default for the target's kernel build (0: the whole
+    prompt, None)."""
+    if options.draft_context is not None:
+        return options.draft_context or None
+    return default_draft_context(kernel_isa() if _w4a8(target.model) else None)
 
 
 def _adaptive(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:
@@ -276,7 +279,7 @@ def _tree(target: LoadedModel, draft: LoadedModel | None, size: Size, options: S
                          f"{type(draft.model).__name__}")
     c, cost = _prices(target, draft)
     return TreeDraftProposer(draft.model, size.max_len, vocab_size=target.model.vocab_size, rows=size.rows,
-                             max_gamma=size.max_gamma, c=c, verify_cost=cost, context=_draft_window(options))
+                             max_gamma=size.max_gamma, c=c, verify_cost=cost, context=_draft_window(target, options))
 
 
 def _tree_ngram(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:

@@ -11,8 +11,8 @@ import argparse
 import sys
 
 from verispec.cli.common import fail, finite
-from verispec.defaults import (DEFAULT_DEVICE, DEFAULT_DRAFT_CONTEXT, DEFAULT_DTYPE, default_draft_dtype,
-                               default_draft_vocab, default_dtype, default_gamma, describe,
+from verispec.defaults import (AVX2_DRAFT_CONTEXT, DEFAULT_DEVICE, DEFAULT_DRAFT_CONTEXT, DEFAULT_DTYPE,
+                               default_draft_dtype, default_draft_vocab, default_dtype, default_gamma, describe,
                                describe_target)
 from verispec.strategies import STRATEGIES, StrategyOptions, check_options, get
 
@@ -176,7 +176,8 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-context", type=int, default=None, metavar="N",
                    help="draft, adaptive, draft+ngram, auto: the draft model reads only the first 4 and the last N "
                         "tokens of a longer prompt, which bounds its own prefill; lossless; 0: the whole prompt "
-                        f"(default: {DEFAULT_DRAFT_CONTEXT or 0})")
+                        f"(default: {DEFAULT_DRAFT_CONTEXT or 0}, {AVX2_DRAFT_CONTEXT} with the kernel's AVX2 and AVX-VNNI "
+                        "builds)")
     p.add_argument("--window", type=int, default=None,
                    help=f"lookahead: Jacobi window width W (default: {d.lookahead_window})")
     p.add_argument("--lookahead-ngram", type=int, default=None,
