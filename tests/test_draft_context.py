@@ -124,3 +124,14 @@ def test_each_draft_strategy_has_its_confidence_stop_and_the_flag_overrides_it(t
         assert confidence(name, StrategyOptions()) == want
         assert confidence(name, StrategyOptions(draft_confidence=0.0)) == 0.0
         assert confidence(name, StrategyOptions(draft_confidence=0.8)) == 0.8
+
+
+def test_the_defaults_examples_hold():
+    """verispec.defaults documents each default with examples (the announce line, the window per kernel build): they
+    must say what the code does."""
+    import doctest
+
+    import verispec.defaults
+
+    failed, tried = doctest.testmod(verispec.defaults)
+    assert tried >= 10 and failed == 0

@@ -186,13 +186,15 @@ def describe_target(dtype: str, kernel_isa: str | None) -> str:
 
 
 def describe(dtype: str, draft_dtype: str | None, strategy: str, gamma: int, kernel_isa: str | None,
-             draft_vocab: int | None = None) -> str:
+             draft_vocab: int | None = None, draft_context: int | None = None) -> str:
     """The one line a command prints when it runs on defaults it chose for this machine.
 
-    >>> describe("w4a8", "w4a8-4bit", "draft+ngram", 4, "avx2", 65536)
-    'verispec: w4a8 target (AVX2 kernel build), w4a8-4bit draft (ids < 65536), draft+ngram, gamma 4: the fastest exact configuration measured for this CPU (--dtype bfloat16 runs the GGUF dequantized)'
+    >>> describe("w4a8", "w4a8-4bit", "draft+ngram", 4, "avx2", 65536, 64)
+    'verispec: w4a8 target (AVX2 kernel build), w4a8-4bit draft (ids < 65536, first 4 and last 64 prompt tokens), draft+ngram, gamma 4: the fastest exact configuration measured for this CPU (--dtype bfloat16 runs the GGUF dequantized)'
     """
     target = describe_target(dtype, kernel_isa)
-    draft = f", {draft_dtype} draft" + (f" (ids < {draft_vocab})" if draft_vocab else "") if draft_dtype else ""
+    notes = [n for n in (f"ids < {draft_vocab}" if draft_vocab else "",
+                         f"first 4 and last {draft_context} prompt tokens" if draft_context else "") if n]
+    draft = f", {draft_dtype} draft" + (f" ({', '.join(notes)})" if notes else "") if draft_dtype else ""
     return (f"verispec: {target}{draft}, {strategy}, gamma {gamma}: the fastest exact configuration measured for "
             "this CPU (--dtype bfloat16 runs the GGUF dequantized)")

@@ -12,14 +12,14 @@ import sys
 
 from verispec.cli.common import fail, finite
 from verispec.defaults import (AVX2_DRAFT_CONTEXT, DEFAULT_DEVICE, DEFAULT_DRAFT_CONTEXT, DEFAULT_DTYPE,
-                               default_draft_dtype, default_draft_vocab, default_dtype, default_gamma, describe,
-                               describe_target)
+                               default_draft_context, default_draft_dtype, default_draft_vocab, default_dtype,
+                               default_gamma, describe, describe_target)
 from verispec.strategies import STRATEGIES, StrategyOptions, check_options, get
 
 __all__ = [
     "DTYPE_CHOICES", "STRATEGY_FLAGS", "add_config_option", "add_gamma_argument", "add_model_options",
     "add_strategy_argument",
-    "add_strategy_options", "announce", "draft_dtype_of", "draft_vocab_of", "find_drafters", "gamma_of",
+    "add_strategy_options", "announce", "draft_context_of", "draft_dtype_of", "draft_vocab_of", "find_drafters", "gamma_of",
     "load_draft", "load_models", "load_target", "option_dest", "resolve_dtype",
     "strategy_help", "strategy_options",
 ]
@@ -104,8 +104,10 @@ def announce(args: argparse.Namespace, strategy: str, needs_draft: bool, default
     """One line on stderr saying what runs where the command line did not spell it out: the configuration the
     machine's defaults chose (`defaulted`), or the one a --config file (verispec tune) set."""
     if defaulted:
+        reads_window = needs_draft and strategy in STRATEGY_FLAGS["--draft-context"][1]
         print(describe(args.dtype, draft_dtype_of(args) if needs_draft else None, strategy, gamma_of(args),
-                       _kernel_isa_of(args), draft_vocab_of(args) if needs_draft else None), file=sys.stderr)
+                       _kernel_isa_of(args), draft_vocab_of(args) if needs_draft else None,
+                       draft_context_of(args) if reads_window else None), file=sys.stderr)
     elif getattr(args, "config", None):
         drafters = getattr(args, "drafter", None) if strategy in STRATEGY_FLAGS["--drafter"][1] else None
         parts = [describe_target(args.dtype, _kernel_isa_of(args)),
@@ -114,6 +116,12 @@ def announce(args: argparse.Namespace, strategy: str, needs_draft: bool, default
                  f"drafter {', '.join(drafters)}" if drafters else ""]
         print(f"verispec: {', '.join(p for p in parts if p)}, from {args.config} (flags beside it win)",
               file=sys.stderr)
+
+
+def draft_context_of(args: argparse.Namespace) -> int | None:
+    """--draft-context, else the default for this target's kernel build (verispec.defaults); None: the whole prompt."""
+    given = getattr(args, "draft_context", None)
+    return (given if given is not None else default_draft_context(_kernel_isa_of(args))) or None
 
 
 def gamma_of(args: argparse.Namespace) -> int:
