@@ -7,8 +7,9 @@ that every entry point answers the same question the same way. Each default name
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_STRATEGY", "DEFAULT_DRAFT_CONTEXT", "AVX2_DRAFT_CONTEXT", "DEFAULT_DTYPE", "DEFAULT_DEVICE", "default_dtype",
-           "default_draft_context", "default_gamma", "default_draft_dtype", "default_draft_vocab", "default_verify_cost", "describe"]
+__all__ = ["DEFAULT_STRATEGY", "DEFAULT_DRAFT_CONTEXT", "AVX2_DRAFT_CONTEXT", "DEFAULT_DTYPE", "DEFAULT_DEVICE",
+           "default_dtype", "default_draft_context", "default_gamma", "default_draft_dtype", "default_draft_vocab",
+           "default_verify_cost", "describe"]
 
 # Prompt lookup where the last 3 tokens recur, else the draft model with its length chosen per round, down to 0
 # (a plain step) where drafting does not pay. draft+ngram at a fixed gamma was +24-28% decode tok/s over `draft`

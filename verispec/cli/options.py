@@ -19,7 +19,8 @@ from verispec.strategies import STRATEGIES, StrategyOptions, check_options, get
 __all__ = [
     "DTYPE_CHOICES", "STRATEGY_FLAGS", "add_config_option", "add_gamma_argument", "add_model_options",
     "add_strategy_argument",
-    "add_strategy_options", "announce", "draft_context_of", "draft_dtype_of", "draft_vocab_of", "find_drafters", "gamma_of",
+    "add_strategy_options", "announce", "draft_context_of", "draft_dtype_of", "draft_vocab_of", "find_drafters",
+    "gamma_of",
     "load_draft", "load_models", "load_target", "option_dest", "resolve_dtype",
     "strategy_help", "strategy_options",
 ]
@@ -184,8 +185,8 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-context", type=int, default=None, metavar="N",
                    help="draft, adaptive, draft+ngram, auto: the draft model reads only the first 4 and the last N "
                         "tokens of a longer prompt, which bounds its own prefill; lossless; 0: the whole prompt "
-                        f"(default: {DEFAULT_DRAFT_CONTEXT or 0}, {AVX2_DRAFT_CONTEXT} with the kernel's AVX2 and AVX-VNNI "
-                        "builds)")
+                        f"(default: {DEFAULT_DRAFT_CONTEXT or 0}, {AVX2_DRAFT_CONTEXT} with the kernel's AVX2 and "
+                        "AVX-VNNI builds)")
     p.add_argument("--window", type=int, default=None,
                    help=f"lookahead: Jacobi window width W (default: {d.lookahead_window})")
     p.add_argument("--lookahead-ngram", type=int, default=None,
