@@ -8,7 +8,7 @@ that every entry point answers the same question the same way. Each default name
 from __future__ import annotations
 
 __all__ = ["DEFAULT_STRATEGY", "DEFAULT_DRAFT_CONTEXT", "AVX2_DRAFT_CONTEXT", "DEFAULT_DTYPE", "DEFAULT_DEVICE",
-           "default_dtype", "default_draft_context", "default_gamma", "default_draft_dtype", "default_draft_vocab",
+           "default_dtype", "default_draft_context", "draft_window", "default_gamma", "default_draft_dtype", "default_draft_vocab",
            "default_verify_cost", "describe"]
 
 # Prompt lookup where the last 3 tokens recur, else the draft model with its length chosen per round, down to 0
@@ -66,6 +66,16 @@ def default_draft_context(kernel_isa: str | None = None) -> int | None:
     256
     """
     return AVX2_DRAFT_CONTEXT if kernel_isa in ("avx2", "avxvnni") else DEFAULT_DRAFT_CONTEXT
+
+
+def draft_window(given: int | None, kernel_isa: str | None = None) -> int | None:
+    """The window the draft reads: --draft-context as `given`, else default_draft_context(kernel_isa); None (and a
+    given 0) is the whole prompt.
+
+    >>> draft_window(None, "avx2"), draft_window(9, "avx2"), draft_window(0), draft_window(None)
+    (64, 9, None, 256)
+    """
+    return (default_draft_context(kernel_isa) if given is None else given) or None
 
 
 def default_gamma(dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE, kernel_isa: str | None = None) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.defaults import default_draft_context, default_verify_cost
+from verispec.defaults import default_verify_cost, draft_window
 from verispec.models.base import CausalLM, weight_bytes_per_token
 from verispec.models.kernels import kernel_isa
 from verispec.models.hf import HFCausalLM
@@ -103,9 +103,7 @@ def _confidence(options: StrategyOptions, default: float) -> float:
 def _draft_window(target: LoadedModel, options: StrategyOptions) -> int | None:
     """The draft model's prompt window: --draft-context, else the default for the target's kernel build (0: the whole
     prompt, None)."""
-    if options.draft_context is not None:
-        return options.draft_context or None
-    return default_draft_context(kernel_isa() if _w4a8(target.model) else None)
+    return draft_window(options.draft_context, kernel_isa() if _w4a8(target.model) else None)
 
 
 def _adaptive(target: LoadedModel, draft: LoadedModel | None, size: Size, options: StrategyOptions) -> Proposer:

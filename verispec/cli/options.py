@@ -12,16 +12,15 @@ import sys
 
 from verispec.cli.common import fail, finite
 from verispec.defaults import (AVX2_DRAFT_CONTEXT, DEFAULT_DEVICE, DEFAULT_DRAFT_CONTEXT, DEFAULT_DTYPE,
-                               default_draft_context, default_draft_dtype, default_draft_vocab, default_dtype,
-                               default_gamma, describe, describe_target)
+                               default_draft_dtype, default_draft_vocab, default_dtype, default_gamma, describe,
+                               describe_target, draft_window)
 from verispec.strategies import STRATEGIES, StrategyOptions, check_options, get
 
 __all__ = [
     "DTYPE_CHOICES", "STRATEGY_FLAGS", "add_config_option", "add_gamma_argument", "add_model_options",
     "add_strategy_argument",
     "add_strategy_options", "announce", "draft_context_of", "draft_dtype_of", "draft_vocab_of", "find_drafters",
-    "gamma_of",
-    "load_draft", "load_models", "load_target", "option_dest", "resolve_dtype",
+    "gamma_of", "load_draft", "load_models", "load_target", "option_dest", "resolve_dtype",
     "strategy_help", "strategy_options",
 ]
 
@@ -121,8 +120,7 @@ def announce(args: argparse.Namespace, strategy: str, needs_draft: bool, default
 
 def draft_context_of(args: argparse.Namespace) -> int | None:
     """--draft-context, else the default for this target's kernel build (verispec.defaults); None: the whole prompt."""
-    given = getattr(args, "draft_context", None)
-    return (given if given is not None else default_draft_context(_kernel_isa_of(args))) or None
+    return draft_window(getattr(args, "draft_context", None), _kernel_isa_of(args))
 
 
 def gamma_of(args: argparse.Namespace) -> int:
