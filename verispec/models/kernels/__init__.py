@@ -49,7 +49,7 @@ EVEX_VNNI_CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-mavx2", "-mfma", "
                     "-DVERISPEC_YMM", "-mprefer-vector-width=256"]  # 256-bit code (vec.h, w4a8.cpp, GCC's own loops)
 LDFLAGS = ["-fopenmp"]
 SOURCES = ("w4a8.cpp", "attention.cpp", "layer.cpp", "sample.cpp")
-HEADERS = ("vec.h", "tensor.h")
+HEADERS = ("vec.h", "tensor.h", "ops.h")
 ISAS = tuple(ISA_FLAGS)
 NEEDED_FLAGS = ISA_FLAGS["avx512"]  # the fastest build's
 CFLAGS = ISA_CFLAGS["avx512"]

@@ -10,6 +10,7 @@
 // The code uses GCC's 16-float vectors (one AVX-512 register, or two AVX2 ones): element-wise IEEE operations in a
 // fixed order, no reassociation or contraction (-ffp-contract=off), so the AVX-512 and AVX2 builds give the same
 // bits. A head dimension that is not a multiple of 16 is zero-padded in registers (zeros add nothing).
+#include "ops.h"
 #include "tensor.h"
 #include <cstdint>
 #include <cstring>
@@ -84,6 +85,37 @@ void attend(const float* const* qs, int64_t R, const float* kb, int64_t ks, cons
 
 }  // namespace
 
+void attention_into(const float* qp, Strides qs_, const float* kp, Strides ks, const float* vp, Strides vs,
+                    const int64_t* rows, const bool* mp, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
+                    int64_t D, float sc, float* op, Strides os_) {
+  const int64_t R = H / KV;  // query heads per key head
+  const auto fn = D == 128 ? attend<8> : D == 64 ? attend<4> : attend<0>;
+  // one task per (row, key head, query): its R query heads share every key and value read
+  at::parallel_for(0, B * KV * T, 1, [&](int64_t i0, int64_t i1) {
+    thread_local std::vector<float> scores;
+    thread_local std::vector<int64_t> keys;
+    thread_local std::vector<const float*> qs;
+    thread_local std::vector<float*> os;
+    qs.resize(R);
+    os.resize(R);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / (KV * T), g = (i / T) % KV, t = i % T, row = rows ? rows[b] : b;
+      const bool* seen = mp ? mp + (b * T + t) * S : nullptr;
+      int64_t n = S - T + t + 1;  // keys 0 .. n - 1 hold every key this query sees
+      if (mp) {
+        n = S;
+        while (n > 0 && !seen[n - 1]) --n;
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        qs[r] = qp + b * qs_.b + (g * R + r) * qs_.h + t * qs_.t;
+        os[r] = op + b * os_.b + (g * R + r) * os_.h + t * os_.t;
+      }
+      fn(qs.data(), R, kp + row * ks.b + g * ks.h, ks.t, vp + row * vs.b + g * vs.h, vs.t, seen, n, D, sc, os.data(),
+         scores, keys);
+    }
+  });
+}
+
 // q [B, H, T, D], k and v [B, KV, S, D] (any strides, the last dimension contiguous), all float32; mask [B, T, S]
 // bool (true: the query sees the key), or empty for causal (query t sees keys 0 .. S - T + t). H a multiple of
 // KV (grouped-query attention). Returns softmax(q k^T * scale) v as [B, H, T, D] float32.
@@ -101,37 +133,10 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
   if (masked)
     TORCH_CHECK(mask.scalar_type() == torch::kBool && mask.is_contiguous() && mask.dim() == 3 &&
                 mask.size(0) == B && mask.size(1) == T && mask.size(2) == S, "mask: contiguous [B, T, S] bool");
-  const int64_t R = H / KV;  // query heads per key head
   auto out = torch::empty({B, H, T, D}, torch::kFloat32);
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  const bool* mp = masked ? mask.data_ptr<bool>() : nullptr;
-  float* op = out.data_ptr<float>();
-  const float sc = static_cast<float>(scale);
-  const int64_t nd = (D + kLanes - 1) / kLanes;
-  const auto fn = D == 128 ? attend<8> : D == 64 ? attend<4> : attend<0>;
-  // one task per (row, key head, query): its R query heads share every key and value read
-  at::parallel_for(0, B * KV * T, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores;
-    std::vector<int64_t> keys;
-    std::vector<const float*> qs(R);
-    std::vector<float*> os(R);
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / (KV * T), g = (i / T) % KV, t = i % T;
-      const bool* seen = masked ? mp + (b * T + t) * S : nullptr;
-      int64_t n = S - T + t + 1;  // keys 0 .. n - 1 hold every key this query sees
-      if (masked) {
-        n = S;
-        while (n > 0 && !seen[n - 1]) --n;
-      }
-      for (int64_t r = 0; r < R; ++r) {
-        qs[r] = qp + b * q.stride(0) + (g * R + r) * q.stride(1) + t * q.stride(2);
-        os[r] = op + ((b * H + g * R + r) * T + t) * D;
-      }
-      fn(qs.data(), R, kp + b * k.stride(0) + g * k.stride(1), k.stride(2), vp + b * v.stride(0) + g * v.stride(1),
-         v.stride(2), seen, n, D, sc, os.data(), scores, keys);
-    }
-  });
+  const auto strides = [](const torch::Tensor& x) { return Strides{x.stride(0), x.stride(1), x.stride(2)}; };
+  attention_into(q.data_ptr<float>(), strides(q), k.data_ptr<float>(), strides(k), v.data_ptr<float>(), strides(v),
+                 nullptr, masked ? mask.data_ptr<bool>() : nullptr, B, H, KV, T, S, D, static_cast<float>(scale),
+                 out.data_ptr<float>(), Strides{H * T * D, T * D, D});
   return out;
 }

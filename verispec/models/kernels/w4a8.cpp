@@ -40,6 +40,7 @@
 // does not depend on how many tokens share the forward (exact greedy speculation needs that).
 #include <torch/csrc/utils/pybind.h>
 
+#include "ops.h"
 #include "tensor.h"
 #include <immintrin.h>
 #include <algorithm>
@@ -430,39 +431,50 @@ torch::Tensor w4a8_mm_split(torch::Tensor x, torch::Tensor w, torch::Tensor code
   return out;
 }
 
-torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor codes, torch::Tensor units, torch::Tensor bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
+Linear linear_of(const torch::Tensor& w, const torch::Tensor& codes, const torch::Tensor& units,
+                 const torch::Tensor& bias, int64_t K) {
   TORCH_CHECK(w.dim() == 3 && w.scalar_type() == torch::kUInt8 && w.is_contiguous() && w.size(2) == 64, "w: packed uint8");
-  const int64_t M = x.size(0), K = x.size(1), NB = w.size(0), N = NB * 16, G = K / 32;
+  const int64_t NB = w.size(0), N = NB * 16, G = K / 32;
   TORCH_CHECK(K % 32 == 0 && (w.size(1) == K / 8 || w.size(1) == 3 * K / 16 || w.size(1) == K / 4 ||
                                w.size(1) == 3 * K / 32),
               "K must be a multiple of 32 and match the packed weights");
   const int bits = w.size(1) == K / 8 ? 4 : w.size(1) == K / 4 ? 8 : w.size(1) == 3 * K / 32 ? 3 : 6;
-  const auto& run = bits == 4 ? kBlocks<4> : bits == 6 ? kBlocks<6> : bits == 3 ? kBlocks<3> : kBlocks<8>;
   const int64_t U = (G + kUnitGroups - 1) / kUnitGroups;
   TORCH_CHECK(codes.scalar_type() == torch::kUInt8 && codes.is_contiguous() && codes.numel() == N * G * 2,
               "codes: uint8 [N / 16, K / 32, 32]");
   TORCH_CHECK(units.scalar_type() == at::kBFloat16 && units.is_contiguous() && units.numel() == N * U * 2,
               "units: bfloat16 [N / 16, ceil(K / 256), 32]");
-  TORCH_CHECK(bias.numel() == 0 || (bias.scalar_type() == torch::kFloat32 && bias.numel() == N), "bias: [N] float32");
-  auto xq = torch::empty({M, K}, torch::kInt8);
-  const int64_t G2 = (G + 1) / 2;
-  auto xsum = torch::empty({M, G2}, torch::kInt32);
-  auto sx = torch::empty({M}, torch::kFloat32);
-  const float* xp = x.data_ptr<float>();
-  int8_t* qp = xq.data_ptr<int8_t>();
-  int32_t* xs = xsum.data_ptr<int>();
-  float* sp = sx.data_ptr<float>();
+  TORCH_CHECK(bias.numel() == 0 || (bias.scalar_type() == torch::kFloat32 && bias.numel() == N && bias.is_contiguous()),
+              "bias: [N] float32");
+  Linear L;
+  L.w = w.data_ptr<uint8_t>();
+  L.codes = codes.data_ptr<uint8_t>();
+  L.units = reinterpret_cast<const uint16_t*>(units.data_ptr<at::BFloat16>());
+  L.bias = bias.numel() ? bias.data_ptr<float>() : nullptr;
+  L.N = N;
+  L.K = K;
+  L.bits = bits;
+  return L;
+}
+
+void mm_into(const float* xp, int64_t M, const Linear& L, float* yp, MmScratch& scratch) {
+  const int64_t K = L.K, N = L.N, NB = N / 16, G = K / 32, G2 = (G + 1) / 2, bits = L.bits;
+  const int64_t U = (G + kUnitGroups - 1) / kUnitGroups;
+  const auto& run = bits == 4 ? kBlocks<4> : bits == 6 ? kBlocks<6> : bits == 3 ? kBlocks<3> : kBlocks<8>;
+  if (static_cast<int64_t>(scratch.xq.size()) < M * K) scratch.xq.resize(M * K);
+  if (static_cast<int64_t>(scratch.xsum.size()) < M * G2) scratch.xsum.resize(M * G2);
+  if (static_cast<int64_t>(scratch.sx.size()) < M) scratch.sx.resize(M);
+  int8_t* qp = scratch.xq.data();
+  int32_t* xs = scratch.xsum.data();
+  float* sp = scratch.sx.data();
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)  // per-row symmetric int8: a row's quantization ignores the other rows
       sp[m] = quantize_row(xp + m * K, K, qp + m * K, xs + m * G2);
   });
-  auto y = torch::empty({M, N}, torch::kFloat32);
-  float* yp = y.data_ptr<float>();
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  const uint8_t* cp = codes.data_ptr<uint8_t>();
-  const uint16_t* up = reinterpret_cast<const uint16_t*>(units.data_ptr<at::BFloat16>());
-  const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
+  const uint8_t* wp = L.w;
+  const uint8_t* cp = L.codes;
+  const uint16_t* up = L.units;
+  const float* bp = L.bias;
   at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t nb = b0; nb < b1; ++nb) {
       for (int64_t m = 0; m < M; m += kRows) {
@@ -472,6 +484,14 @@ torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor codes, tor
       }
     }
   });
+}
+
+torch::Tensor w4a8_mm(torch::Tensor x, torch::Tensor w, torch::Tensor codes, torch::Tensor units, torch::Tensor bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [M, K] float32");
+  const Linear L = linear_of(w, codes, units, bias, x.size(1));
+  auto y = torch::empty({x.size(0), L.N}, torch::kFloat32);
+  MmScratch scratch;
+  mm_into(x.data_ptr<float>(), x.size(0), L, y.data_ptr<float>(), scratch);
   return y;
 }
 
@@ -490,34 +510,27 @@ torch::Tensor layer(torch::Tensor x, torch::Tensor norm1, double eps1, torch::Te
                     torch::Tensor norm2, double eps2, torch::Tensor w13, torch::Tensor s13, torch::Tensor o13,
                     torch::Tensor w2, torch::Tensor s2, torch::Tensor o2);
 
-torch::Tensor layers(const std::vector<torch::Tensor>& ops, const std::vector<double>& eps, int64_t heads,
-                     int64_t kv_heads, int64_t n, torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
-                     torch::Tensor k, torch::Tensor v, torch::Tensor rows, torch::Tensor slots, int64_t read,
-                     torch::Tensor mask, int64_t start);
-
 // sample.cpp
 torch::Tensor softmax_t(torch::Tensor x, double temperature);
 torch::Tensor sample_rows(torch::Tensor w, torch::Tensor u, int64_t block);
 torch::Tensor verify_row(torch::Tensor logits, double temperature, torch::Tensor draft, torch::Tensor q,
                          torch::Tensor u, torch::Tensor u_last, int64_t block);
 
-// A model's decoder layers with their operands converted from Python once, not at every forward (360 tensors for
-// the 0.5B draft). Module-local: the builds (avx512, avxvnni, avx2) load into one process and each binds its own.
+// A model's decoder layers (layer.cpp's StackState). Module-local: the builds (avx512, avxvnni, avx2) load into one
+// process and each binds its own.
 struct LayerStack {
-  std::vector<torch::Tensor> ops;
-  std::vector<double> eps;
-  int64_t heads, kv_heads;
+  std::shared_ptr<StackState> state;
   torch::Tensor run(int64_t n, torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor k,
                     torch::Tensor v, torch::Tensor rows, torch::Tensor slots, int64_t read, torch::Tensor mask,
                     int64_t start) const {
-    return layers(ops, eps, heads, kv_heads, n, x, cos, sin, k, v, rows, slots, read, mask, start);
+    return stack_run(*state, n, x, cos, sin, k, v, rows, slots, read, mask, start);
   }
 };
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<LayerStack>(m, "LayerStack", pybind11::module_local(), "a model's w4a8 decoder layers, run whole in one call")
       .def(pybind11::init([](std::vector<torch::Tensor> ops, std::vector<double> eps, int64_t heads,
-                             int64_t kv_heads) { return LayerStack{std::move(ops), std::move(eps), heads, kv_heads}; }))
+                             int64_t kv_heads) { return LayerStack{stack_state(std::move(ops), eps, heads, kv_heads)}; }))
       .def("run", &LayerStack::run, "layers start .. n-1 over x (layer()'s arguments, the cache whole)",
            pybind11::arg("n"), pybind11::arg("x"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("k"),
            pybind11::arg("v"), pybind11::arg("rows"), pybind11::arg("slots"), pybind11::arg("read"),
