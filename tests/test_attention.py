@@ -270,9 +270,10 @@ def test_fused_layer_matches_the_two_call_layer_bit_for_bit(builds, tiny_target)
 
 
 def test_the_layer_stack_gives_the_bits_of_one_call_per_layer(builds, tiny_target, monkeypatch):
-    """kernels/layer.cpp `layers` (all of a w4a8 model's blocks in one call) leaves the logits and every cache slot
-    as one `layer` call per block does: one sequence, a batch cache's row, a batched forward over rows out of order
-    with unequal lengths (the server's rounds), and the first blocks only (self-speculation)."""
+    """kernels/layer.cpp's `LayerStack` (all of a w4a8 model's blocks in one call, its buffers kept from forward to
+    forward) leaves the logits and every cache slot as one `layer` call per block does: one sequence, a batch cache's
+    row, a batched forward over rows out of order with unequal lengths (the server's rounds), and the first blocks only
+    (self-speculation)."""
     import copy
     import itertools
 

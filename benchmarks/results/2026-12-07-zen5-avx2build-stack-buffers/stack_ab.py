@@ -3,7 +3,7 @@ import sys, time, statistics as st, tempfile, shutil
 from pathlib import Path
 import torch
 from torch.utils import cpp_extension
-sys.path.insert(0, "/work/main/benchmarks/results/2026-11-27-epyc-avx512-prefill-share")
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "2026-11-27-epyc-avx512-prefill-share"))
 from common import model
 from verispec.models import kernels
 from verispec.models.kernels import isa_cflags
