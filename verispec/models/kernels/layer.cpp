@@ -71,7 +71,7 @@ float* grow(std::vector<float>& buffer, int64_t n) {
   return buffer.data();
 }
 
-// One decoder layer's operands (layer()'s order), and the buffers its work writes, reused from call to call.
+// One decoder layer's operands, in layer()'s order, as pointers read from its tensors once.
 struct LayerOps {
   const float* norm1;
   float eps1;
@@ -92,6 +92,7 @@ LayerOps layer_ops(const torch::Tensor* t, double eps1, double eps2, int64_t K) 
   return L;
 }
 
+// The buffers a layer's work writes, grown to the widest forward and reused (a LayerStack keeps one).
 struct Workspace {
   std::vector<float> h, qkv, attn, x1, gu, act;
   MmScratch mm;
