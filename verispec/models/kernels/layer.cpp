@@ -81,14 +81,25 @@ struct LayerOps {
   Linear w13, w2;
 };
 
-LayerOps layer_ops(const torch::Tensor* t, double eps1, double eps2, int64_t K) {
+// The operands of the work after attention (t: wo, so, oo, norm2, w13, s13, o13, w2, s2, o2), checked against the
+// layer's width K; the q/k/v half of the result is left empty.
+LayerOps post_ops(const torch::Tensor* t, double eps2, int64_t K) {
   const auto none = torch::empty({0}, torch::kFloat32);
-  LayerOps L{norm_of(t[0], K), static_cast<float>(eps1), linear_from(t[1], t[2], t[3], t[4]),
-             linear_from(t[5], t[6], t[7], none), norm_of(t[8], K), static_cast<float>(eps2),
-             linear_from(t[9], t[10], t[11], none), linear_from(t[12], t[13], t[14], none)};
-  TORCH_CHECK(L.qkv.K == K && L.w13.K == K, "the q/k/v and gate/up projections must read the layer's [M, K] input");
+  LayerOps L{nullptr, 0.f, Linear{}, linear_from(t[0], t[1], t[2], none), norm_of(t[3], K), static_cast<float>(eps2),
+             linear_from(t[4], t[5], t[6], none), linear_from(t[7], t[8], t[9], none)};
+  TORCH_CHECK(L.w13.K == K, "the gate/up projection must read the layer's [M, K] input");
   TORCH_CHECK(L.o.N == K, "the output projection must map attention back to [M, K]");
   TORCH_CHECK(L.w2.N == K && L.w2.K * 2 == L.w13.N, "the down projection must map SiLU(gate) * up back to [M, K]");
+  return L;
+}
+
+// All of a layer's operands, in layer()'s order (t: norm1, wqkv, sqkv, oqkv, bqkv, then post_ops's).
+LayerOps layer_ops(const torch::Tensor* t, double eps1, double eps2, int64_t K) {
+  LayerOps L = post_ops(t + 5, eps2, K);
+  L.norm1 = norm_of(t[0], K);
+  L.eps1 = static_cast<float>(eps1);
+  L.qkv = linear_from(t[1], t[2], t[3], t[4]);
+  TORCH_CHECK(L.qkv.K == K, "the q/k/v projection must read the layer's [M, K] input");
   return L;
 }
 
@@ -249,11 +260,9 @@ torch::Tensor layer_post(torch::Tensor x, torch::Tensor attn, torch::Tensor wo, 
   check_rows(attn, "attn");
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(attn.size(0) == M, "attn: a row per row of x");
-  const auto none = torch::empty({0}, torch::kFloat32);
-  const LayerOps L{nullptr, 0.f, Linear{}, linear_of(wo, so, oo, none, attn.size(1)), norm_of(norm, K),
-                   static_cast<float>(eps), linear_of(w13, s13, o13, none, K), linear_from(w2, s2, o2, none)};
-  TORCH_CHECK(L.o.N == K, "the output projection must map attention back to [M, K]");
-  TORCH_CHECK(L.w2.N == K && L.w2.K * 2 == L.w13.N, "the down projection must map back to [M, K]");
+  const torch::Tensor t[10] = {wo, so, oo, norm, w13, s13, o13, w2, s2, o2};
+  const LayerOps L = post_ops(t, eps, K);
+  TORCH_CHECK(L.o.K == attn.size(1), "attn: the output projection's [M, heads * D] input");
   auto y = torch::empty({M, K}, torch::kFloat32);
   Workspace ws;
   post_into(x.data_ptr<float>(), attn.data_ptr<float>(), M, K, L, y.data_ptr<float>(), ws);
