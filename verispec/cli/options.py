@@ -67,9 +67,10 @@ def add_strategy_argument(p: argparse.ArgumentParser, default: str) -> None:
 def add_gamma_argument(p: argparse.ArgumentParser) -> None:
     """`--gamma N`, tokens drafted per round; None until `gamma_of` fills in the hardware default."""
     p.add_argument("--gamma", "--num-speculative-tokens", dest="gamma", type=int, default=None,
-                   help="tokens drafted per round, the most a round drafts for auto and adaptive (default: 8 for a "
-                        "bfloat16 or float32 target on a CPU, whose verification of 9 tokens costs ~1.3x a step; "
-                        "else 4). --num-speculative-tokens is vLLM's name for it")
+                   help="tokens drafted per round, the most a round drafts for auto and adaptive (default: 6 beside "
+                        "a w4a8 target on the kernel's AVX-512 build; 8 for a bfloat16 or float32 target on a CPU, "
+                        "whose verification of 9 tokens costs ~1.3x a step; else 4). --num-speculative-tokens is "
+                        "vLLM's name for it")
 
 
 def resolve_dtype(args: argparse.Namespace) -> bool:
