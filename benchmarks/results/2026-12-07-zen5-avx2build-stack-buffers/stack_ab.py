@@ -1,4 +1,4 @@
-"""A/B the compiled layer stack of kernel source dirs: python stack_ab.py t|d rows dirA dirB [reps]"""
+"""A/B the compiled layer stack of kernel source dirs: python stack_ab.py t|d rows dirA dirB [dirC ...] [reps]"""
 import sys, time, statistics as st, tempfile, shutil
 from pathlib import Path
 import torch
@@ -15,8 +15,8 @@ def build(d, tag):
     srcs = [str(b / n) for n in kernels.SOURCES]
     return cpp_extension.load(name=f"sab_{isa}_{tag}", sources=srcs, extra_cflags=[*isa_cflags(isa), f"-I{b}"],
                               extra_ldflags=kernels.LDFLAGS, build_directory=str(b))
-which, R, dirs = sys.argv[1], int(sys.argv[2]), sys.argv[3:5]
-reps = int(sys.argv[5]) if len(sys.argv) > 5 else 30
+which, R, dirs = sys.argv[1], int(sys.argv[2]), [a for a in sys.argv[3:] if not a.isdigit()]  # two or more dirs
+reps = int(next((a for a in sys.argv[3:] if a.isdigit()), 30))
 mods = [build(d, f"v{i}") for i, d in enumerate(dirs)]
 m = model(which)
 ops, eps = zip(*(b.stack_operands() for b in m.layers))
