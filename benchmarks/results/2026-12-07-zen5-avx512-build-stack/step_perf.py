@@ -11,7 +11,7 @@ p = tok.chat([{"role": "user", "content": "Write a Python function that parses a
 def run(n):
     prop = make_proposer("ar", t, None, len(p)+n+8, StrategyOptions())
     t0 = time.perf_counter()
-    m = generate(t.model, p, GenerationParams(max_new_tokens=n, gamma=1, eos_ids=(), sampling=SamplingParams(temperature=0)), prop).metrics
+    generate(t.model, p, GenerationParams(max_new_tokens=n, gamma=1, eos_ids=(), sampling=SamplingParams(temperature=0)), prop)
     return time.perf_counter() - t0
 run(8)
 print("ready", flush=True)
