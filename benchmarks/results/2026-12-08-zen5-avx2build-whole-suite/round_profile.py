@@ -57,5 +57,8 @@ for pid, prompt in prompts.items():
             for dt, f in other:
                 key = tuple((k, n) for k, n, _ in f)
                 a = summ.setdefault(key, [0, 0.0]); a[0] += 1; a[1] += dt
-            for key, (n, t) in sorted(summ.items(), key=lambda kv: -kv[1][1])[:8]:
-                print("   ", key, n, f"{1000*t/n:.1f} ms avg")
+                a.append([x for _, _, x in f])
+            for key, v in sorted(summ.items(), key=lambda kv: -kv[1][1])[:8]:
+                n, t, fs = v[0], v[1], v[2:]
+                per = [1000 * statistics.mean(col) for col in zip(*fs)]
+                print("   ", key, n, f"{1000*t/n:.1f} ms avg; forwards", " + ".join(f"{p:.1f}" for p in per), f"; rest {1000*t/n - sum(per):.1f}")
